@@ -1,0 +1,58 @@
+"""Packaging for twisted-relay."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"',
+    (HERE / "twisted_relay" / "_version.py").read_text(),
+    re.M,
+).group(1)
+
+setup(
+    name="twisted-relay",
+    version=VERSION,
+    description=(
+        "A relay for the Anthropic Messages API, on Twisted, that keeps long "
+        "tool-use sessions alive when an upstream reuses tool-use ids."
+    ),
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.10",
+    # twisted/plugins is a namespace directory, not a package (no __init__.py),
+    # so find_packages() cannot see it; list it explicitly.
+    packages=find_packages(include=["twisted_relay", "twisted_relay.*"])
+    + ["twisted.plugins"],
+    package_data={"twisted.plugins": ["*.py"]},
+    include_package_data=True,
+    zip_safe=False,
+    install_requires=[
+        "twisted>=24.3",
+        "treq>=23.11",
+        "klein>=23.5",
+        "ujson>=5.8",
+        "prometheus_client>=0.17",
+    ],
+    extras_require={
+        "test": [
+            "hypothesis>=6.90",
+            "anthropic>=0.40",
+        ],
+    },
+    entry_points={
+        "console_scripts": [
+            "twisted-relay-simulated = twisted_relay.simulated.cli:main",
+            "twisted-relay-demo = twisted_relay.demo:main",
+            "twisted-relay-replay = twisted_relay.replay:main",
+        ],
+    },
+    classifiers=[
+        "Framework :: Twisted",
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: MIT License",
+    ],
+)
