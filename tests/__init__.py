@@ -1,0 +1,1 @@
+"""The twisted-relay trial suite."""

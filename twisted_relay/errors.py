@@ -1,0 +1,88 @@
+# -*- test-case-name: tests.test_errors -*-
+"""
+Anthropic-shaped errors that the relay raises on its own account.
+
+Errors that come from the upstream are never built here: they are passed to
+the client exactly as the upstream sent them.
+"""
+
+from __future__ import annotations
+
+import ujson
+
+__all__ = [
+    "ERROR_TYPES",
+    "RelayError",
+    "error_body",
+    "sse_error_event",
+]
+
+#: HTTP status -> Anthropic ``error.type``.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def error_body(error_type: str, message: str, request_id: str | None = None) -> bytes:
+    """
+    Serialise an Anthropic error object.
+
+    :param error_type: the ``error.type``, e.g. ``invalid_request_error``.
+    :param message: a sentence that says what happened.
+    :param request_id: the relay request id, echoed as ``request_id``.
+    """
+    body = {"type": "error", "error": {"type": error_type, "message": message}}
+    if request_id is not None:
+        body["request_id"] = request_id
+    return ujson.dumps(body, ensure_ascii=False, escape_forward_slashes=False).encode(
+        "utf-8"
+    )
+
+
+def sse_error_event(error_type: str, message: str) -> bytes:
+    """
+    Serialise an SSE ``error`` event, for failures after a stream has started.
+    """
+    data = ujson.dumps(
+        {"type": "error", "error": {"type": error_type, "message": message}},
+        ensure_ascii=False,
+        escape_forward_slashes=False,
+    )
+    return b"event: error\ndata: " + data.encode("utf-8") + b"\n\n"
+
+
+class RelayError(Exception):
+    """
+    A failure that the relay reports to its client as an Anthropic error.
+
+    :ivar status: the HTTP status to answer with.
+    :ivar error_type: the Anthropic ``error.type``.
+    :ivar message: the human-readable message.
+    """
+
+    def __init__(self, status: int, message: str, error_type: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type or ERROR_TYPES.get(status, "api_error")
+
+    def body(self, request_id: str | None = None) -> bytes:
+        """The JSON error body for this failure."""
+        return error_body(self.error_type, self.message, request_id)
+
+    def sse_event(self) -> bytes:
+        """The SSE ``error`` event for this failure, once a stream has begun."""
+        return sse_error_event(self.error_type, self.message)
