@@ -1,0 +1,77 @@
+# -*- test-case-name: tests.test_tap -*-
+"""
+The relay's settings, as one plain value.
+
+:class:`RelayConfig` is what the twistd plugin builds from its command line
+and what an application embedding the relay builds itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+__all__ = ["RelayConfig", "DEFAULT_LISTEN", "DEFAULT_UPSTREAM", "MiB"]
+
+MiB = 1024 * 1024
+DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
+DEFAULT_UPSTREAM = "https://api.anthropic.com"
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """
+    Everything the relay needs to know to run.
+
+    :ivar listen: Twisted endpoint strings to serve on; empty when the relay
+        is mounted in someone else's ``Site``.
+    :ivar upstream: base URL of the Anthropic-compatible upstream.
+    :ivar upstream_key: key sent upstream as ``x-api-key`` instead of the
+        client's credentials; ``None`` passes the client's own through.
+    :ivar upstream_ids: id policy towards the upstream, ``unique`` or
+        ``original`` (see ``docs/id-translation.md``).
+    :ivar connect_timeout: seconds to establish the upstream connection.
+    :ivar response_timeout: seconds to wait for the upstream's response
+        headers (a non-streaming answer sends them only when it is done).
+    :ivar idle_timeout: seconds of upstream silence inside a stream before
+        the relay gives up on it.
+    :ivar ping_interval: seconds of upstream silence after which the relay
+        sends its own ``ping`` event to the client; 0 disables.
+    :ivar max_body: largest request body accepted, in bytes.
+    :ivar max_upstream_connections: persistent connections kept per
+        upstream host (concurrent streams each hold one).
+    :ivar dump_dir: folder for diagnostic dumps of upstream 4xx answers;
+        ``None`` disables dumps.
+    :ivar dump_max_bytes: largest dump written whole; larger ones are
+        truncated visibly.
+    :ivar dump_retention_days: dumps older than this are deleted.
+    :ivar dump_retention_bytes: the oldest dumps are deleted while the
+        folder holds more than this.
+    :ivar simulate: run the embedded simulated upstream in this mode
+        (``strict``, ``stateful`` or ``lenient``) and relay to it.
+    :ivar simulate_options: keyword arguments for the simulated upstream.
+    """
+
+    listen: tuple[str, ...] = (DEFAULT_LISTEN,)
+    upstream: str = DEFAULT_UPSTREAM
+    upstream_key: str | None = None
+    upstream_ids: str = "unique"
+    connect_timeout: float = 10.0
+    response_timeout: float = 600.0
+    idle_timeout: float = 300.0
+    ping_interval: float = 10.0
+    max_body: int = 32 * MiB
+    max_upstream_connections: int = 1024
+    dump_dir: str | None = "relay-dumps"
+    dump_max_bytes: int = 64 * MiB
+    dump_retention_days: float = 30.0
+    dump_retention_bytes: int = 1024 * MiB
+    simulate: str | None = None
+    simulate_options: dict = field(default_factory=dict)
+
+    def with_changes(self, **changes) -> "RelayConfig":
+        """A copy of this configuration with some settings changed."""
+        return replace(self, **changes)
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every key this configuration holds, for redaction."""
+        return tuple(s for s in (self.upstream_key,) if s)

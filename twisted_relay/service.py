@@ -1,0 +1,153 @@
+# -*- test-case-name: tests.test_service -*-
+"""
+Build the relay as Twisted services, to run under twistd or inside another
+application.
+
+``make_service(config)`` gives a ``MultiService`` that listens on
+``config.listen``; ``Relay(config)`` gives the parts, for an application that
+mounts ``relay.resource()`` in its own ``Site`` and parents ``relay.service``
+so the connection pool and the dump writer live and stop with it.
+"""
+
+from __future__ import annotations
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import MultiService, Service
+from twisted.internet import endpoints
+from twisted.logger import Logger
+from twisted.web.server import Site
+
+from twisted_relay.app import RelayApp
+from twisted_relay.config import RelayConfig
+from twisted_relay.dumps import DumpWriter
+from twisted_relay._version import __version__
+from twisted_relay.upstream import UpstreamClient
+
+__all__ = ["Relay", "RelaySite", "make_service"]
+
+
+class RelaySite(Site):
+    """
+    A ``Site`` for the relay: the relay logs one structured event per request
+    itself, so the site writes no access log line of its own.
+    """
+
+    def log(self, request) -> None:
+        pass
+
+
+class _UpstreamPoolService(Service):
+    """Closes the upstream connection pool when the relay stops."""
+
+    def __init__(self, client: UpstreamClient):
+        self._client = client
+
+    def stopService(self):
+        Service.stopService(self)
+        return self._client.close()
+
+
+class _SimulatedUpstreamService(Service):
+    """
+    Serves the embedded simulated upstream on an ephemeral loopback port and
+    points the relay's upstream client at it.
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, client: UpstreamClient, mode: str, options: dict):
+        from twisted_relay.simulated import SimulatedUpstream
+
+        self._reactor = reactor
+        self._client = client
+        self._site = Site(SimulatedUpstream(mode=mode, reactor=reactor, **options).resource())
+        self._port = None
+        self.mode = mode
+
+    def startService(self):
+        Service.startService(self)
+        endpoint = endpoints.TCP4ServerEndpoint(self._reactor, 0, interface="127.0.0.1")
+        d = endpoint.listen(self._site)
+
+        def listening(port):
+            self._port = port
+            url = "http://127.0.0.1:%d" % (port.getHost().port,)
+            self._client.base_url = url
+            self.log.info(
+                "Simulated upstream ({mode}) listening at {url}", mode=self.mode, url=url
+            )
+
+        d.addCallback(listening)
+        return d
+
+    def stopService(self):
+        Service.stopService(self)
+        if self._port is not None:
+            return self._port.stopListening()
+
+
+class Relay:
+    """
+    The relay's parts, built from one :class:`RelayConfig`.
+
+    :ivar client: the upstream client (and its connection pool).
+    :ivar dumps: the dump writer service, or ``None``.
+    :ivar app: the Klein application.
+    :ivar service: a ``MultiService`` owning every part's life; it also
+        listens on ``config.listen`` when that is not empty.
+    """
+
+    def __init__(self, config: RelayConfig, reactor=None):
+        if reactor is None:
+            from twisted.internet import reactor
+        self.config = config
+        self.client = UpstreamClient(
+            reactor,
+            None if config.simulate else config.upstream,
+            connect_timeout=config.connect_timeout,
+            response_timeout=config.response_timeout,
+            max_connections=config.max_upstream_connections,
+        )
+        self.dumps = None
+        if config.dump_dir:
+            self.dumps = DumpWriter(
+                config.dump_dir,
+                reactor=reactor,
+                secrets=config.secrets(),
+                max_dump_bytes=config.dump_max_bytes,
+                retention_days=config.dump_retention_days,
+                retention_bytes=config.dump_retention_bytes,
+                settings={
+                    "version": __version__,
+                    "upstream": config.upstream if not config.simulate else "simulated:" + config.simulate,
+                    "upstream_ids": config.upstream_ids,
+                },
+            )
+        self.app = RelayApp(config, self.client, reactor=reactor, dumps=self.dumps)
+
+        self.service = MultiService()
+        # MultiService stops its children in reverse order: listeners stop
+        # accepting first, then dumps drain, then the pool closes.
+        _UpstreamPoolService(self.client).setServiceParent(self.service)
+        if self.dumps is not None:
+            self.dumps.setServiceParent(self.service)
+        if config.simulate:
+            _SimulatedUpstreamService(
+                reactor, self.client, config.simulate, dict(config.simulate_options)
+            ).setServiceParent(self.service)
+        site = RelaySite(self.app.resource())
+        for description in config.listen:
+            endpoint = endpoints.serverFromString(reactor, description)
+            listener = StreamServerEndpointService(endpoint, site)
+            # A port already in use stops twistd with a clear error at start.
+            listener._raiseSynchronously = True
+            listener.setServiceParent(self.service)
+
+    def resource(self):
+        """The relay's web resource, for mounting in another ``Site``."""
+        return self.app.resource()
+
+
+def make_service(config: RelayConfig, reactor=None) -> MultiService:
+    """The relay as one service that listens on ``config.listen``."""
+    return Relay(config, reactor).service

@@ -1,0 +1,241 @@
+# -*- test-case-name: tests.test_upstream -*-
+"""
+The upstream side: one persistent connection pool, header hygiene, timeouts.
+
+This module knows treq and HTTP; it knows nothing of tool-use ids or SSE.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+from urllib.parse import urlsplit
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.error import ConnectError, DNSLookupError, TimeoutError
+from twisted.logger import Logger
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
+from treq.client import HTTPClient
+
+from twisted_relay.errors import RelayError
+
+__all__ = [
+    "HOP_BY_HOP",
+    "UpstreamClient",
+    "client_response_headers",
+    "upstream_request_headers",
+]
+
+#: Headers that describe one connection, never the message (RFC 9110 7.6.1).
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+
+# Not hop-by-hop, but the relay sets them itself on each side: the length of
+# a body it may rewrite, the host it talks to, and no compression, because
+# the relay must read the bytes it forwards.
+_NOT_FORWARDED_UPSTREAM = HOP_BY_HOP | {
+    b"host",
+    b"content-length",
+    b"accept-encoding",
+    b"expect",
+}
+_NOT_FORWARDED_TO_CLIENT = HOP_BY_HOP | {
+    b"content-length",
+    b"content-encoding",
+    b"date",
+    b"server",
+}
+_CREDENTIALS = (b"x-api-key", b"authorization")
+
+
+def _connection_tokens(headers: Headers) -> set[bytes]:
+    """Header names listed in ``Connection``: hop-by-hop for this message."""
+    tokens = set()
+    for value in headers.getRawHeaders(b"connection", []):
+        for token in value.split(b","):
+            token = token.strip().lower()
+            if token:
+                tokens.add(token)
+    return tokens
+
+
+def _copy_headers(headers: Headers, skip: Iterable[bytes]) -> Headers:
+    skip = set(skip) | _connection_tokens(headers)
+    copied = Headers()
+    for name, values in headers.getAllRawHeaders():
+        if name.lower() not in skip:
+            copied.setRawHeaders(name, list(values))
+    return copied
+
+
+def upstream_request_headers(
+    client_headers: Headers, upstream_key: str | None
+) -> Headers:
+    """
+    The headers to send upstream for a client's request.
+
+    Every end-to-end header passes through verbatim (``anthropic-*``,
+    ``x-claude-code-*``, ``user-agent``, ``content-type``, ...). With an
+    upstream key configured, the client's own credentials are replaced by it.
+    """
+    headers = _copy_headers(client_headers, _NOT_FORWARDED_UPSTREAM)
+    if upstream_key:
+        for name in _CREDENTIALS:
+            headers.removeHeader(name)
+        headers.setRawHeaders(b"x-api-key", [upstream_key.encode("utf-8")])
+    return headers
+
+
+def client_response_headers(upstream_headers: Headers) -> Headers:
+    """
+    The upstream's response headers as the client should get them.
+
+    ``request-id``, rate-limit headers, ``retry-after`` and
+    ``x-should-retry`` pass through; hop-by-hop headers and those the relay's
+    own server writes do not.
+    """
+    return _copy_headers(upstream_headers, _NOT_FORWARDED_TO_CLIENT)
+
+
+class UpstreamClient:
+    """
+    Sends requests to the upstream over one persistent connection pool.
+
+    :param reactor: the reactor (a ``MemoryReactorClock`` in tests).
+    :param base_url: the upstream's base URL, e.g. ``https://api.anthropic.com``;
+        may be set later (the embedded simulated upstream learns its port
+        when it starts listening).
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        reactor,
+        base_url: str | None,
+        *,
+        connect_timeout: float = 10.0,
+        response_timeout: float = 600.0,
+        max_connections: int = 1024,
+        agent=None,
+    ):
+        self._reactor = reactor
+        self.base_url = base_url
+        self.response_timeout = response_timeout
+        self._pool = HTTPConnectionPool(reactor, persistent=True)
+        self._pool.maxPersistentPerHost = max_connections
+        # An idle upstream connection is kept for a while, but not for
+        # as long as a typical load balancer keeps it (often 60 s):
+        # reusing a connection the far end has already closed costs a retry.
+        self._pool.cachedConnectionTimeout = 50
+        if agent is None:
+            agent = Agent(reactor, connectTimeout=connect_timeout, pool=self._pool)
+        self._http = HTTPClient(agent)
+
+    @property
+    def base_url(self) -> str | None:
+        """The upstream's base URL."""
+        return self._base_url
+
+    @base_url.setter
+    def base_url(self, value: str | None) -> None:
+        self._base_url = value.rstrip("/") if value else value
+        self._base_path = urlsplit(self._base_url).path if value else ""
+
+    def url_for(self, path_and_query: str) -> str:
+        """The upstream URL for a client's path and query string."""
+        return self._base_url + path_and_query
+
+    def request(
+        self,
+        method: bytes,
+        path_and_query: str,
+        headers: Headers,
+        body: bytes | None,
+    ) -> "Deferred[IResponse]":
+        """
+        Send one request upstream; fire with its response once the headers
+        have arrived, the body unread.
+
+        Fails with a :class:`RelayError` that says what happened when the
+        upstream cannot be reached (502) or sends no headers in time (504).
+        Cancelling the returned Deferred aborts the upstream request.
+        """
+        url = self.url_for(path_and_query)
+        timed_out = []
+        d = self._http.request(
+            method.decode("ascii"),
+            url,
+            headers=headers,
+            data=body,
+            unbuffered=True,
+            allow_redirects=False,
+        )
+
+        def on_timeout() -> None:
+            timed_out.append(True)
+            d.cancel()
+
+        timer = self._reactor.callLater(self.response_timeout, on_timeout)
+
+        def done(result):
+            if timer.active():
+                timer.cancel()
+            return result
+
+        def failed(failure):
+            if timed_out:
+                raise RelayError(
+                    504,
+                    "The upstream sent no response within %g seconds."
+                    % (self.response_timeout,),
+                )
+            if failure.check(CancelledError):
+                return failure
+            raise _relay_error_for(failure, self._base_url)
+
+        d.addBoth(done)
+        d.addErrback(failed)
+        return d
+
+    def close(self) -> Deferred:
+        """Close the pooled connections; fires when they are closed."""
+        return self._pool.closeCachedConnections()
+
+
+def _relay_error_for(failure, base_url: str) -> RelayError:
+    """Turn a connection-level failure into the error a client sees."""
+    if failure.check(TimeoutError):
+        return RelayError(504, "Timed out connecting to the upstream at %s." % (base_url,))
+    if failure.check(DNSLookupError):
+        return RelayError(
+            502, "Could not resolve the upstream host of %s." % (base_url,)
+        )
+    if failure.check(ConnectError):
+        return RelayError(
+            502,
+            "Could not connect to the upstream at %s: %s."
+            % (base_url, failure.getErrorMessage() or failure.type.__name__),
+        )
+    if failure.check(ResponseNeverReceived):
+        return RelayError(
+            502,
+            "The upstream at %s closed the connection before answering." % (base_url,),
+        )
+    return RelayError(
+        502,
+        "The request to the upstream at %s failed: %s."
+        % (base_url, failure.getErrorMessage() or failure.type.__name__),
+    )
