@@ -1,0 +1,687 @@
+# -*- test-case-name: tests.test_translation -*-
+"""
+Tool-use id translation: the pure core of the relay.
+
+This module implements ``docs/id-translation.md`` (the contract) without any
+I/O and without Twisted: :func:`translate_request` walks one request's whole
+history and returns the body to send upstream together with a
+:class:`TranslationTable`; :meth:`RequestTranslation.response` gives a
+:class:`ResponseTranslator` that rewrites, block by block, the ids of the one
+upstream response to that request.
+
+The relay keeps no state between requests. Every decision about a block is a
+function of what precedes that block in walk order, so a block's client id and
+upstream id never change on later turns, and a response translator continues
+the walk exactly where the next request's walk will find it.
+
+The encoding (both policies):
+
+- A *suffix* is a separator (``-`` for ``tool_use``, ``_`` for every other
+  declaration type) followed by ASCII digits. An id is a *lookalike* when
+  stripping one or more suffixes (of either separator) from its end reaches an
+  original id already seen.
+- The emitted id ``X`` of a new declaration collides when it is a client id
+  already declared; under ``unique`` also when it is an upstream id already
+  sent; under ``original`` also when it is an original already seen or a
+  lookalike. A colliding ``X`` becomes ``X<sep>j``, ``j`` the smallest integer
+  ``>= max(k, 2)`` whose result is free (``k``: the occurrence of ``X``).
+- Decoding a client id ``D`` of a block with separator ``s``: when ``D`` is
+  ``S + s + digits`` and ``S`` is an original already seen or a lookalike, the
+  original is ``S``; otherwise it is ``D`` itself. Because encoder and decoder
+  look at the same preceding history, decoding is exact for every id the relay
+  produced, including natively emitted ids that end in ``-<digits>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CALLER_TOOL_ID",
+    "DECLARATION",
+    "ID",
+    "ORIGINAL",
+    "POLICIES",
+    "REFERENCE",
+    "TOOL_USE_ID",
+    "UNIQUE",
+    "Entry",
+    "RequestTranslation",
+    "ResponseTranslator",
+    "Rewrite",
+    "TranslationTable",
+    "is_declaration",
+    "separator_for",
+    "translate_request",
+]
+
+#: Upstream receives pairwise distinct ids (the default).
+UNIQUE = "unique"
+#: Upstream receives the ids it originally emitted.
+ORIGINAL = "original"
+#: Every accepted value of ``--upstream-ids``.
+POLICIES = (UNIQUE, ORIGINAL)
+
+#: :attr:`Entry.kind` of a block that introduces an id.
+DECLARATION = "declaration"
+#: :attr:`Entry.kind` of a field that points at a declaration.
+REFERENCE = "reference"
+
+#: The id field of a declaration.
+ID = "id"
+#: The reference field of ``tool_result`` and ``*_tool_result`` blocks.
+TOOL_USE_ID = "tool_use_id"
+#: The reference inside a block's ``caller`` object.
+CALLER_TOOL_ID = "caller.tool_id"
+
+_DIGITS = "0123456789"
+_SEPARATORS = "-_"
+_TABLE_VERSION = 1
+
+
+def is_declaration(block: Any) -> bool:
+    """
+    Whether ``block`` introduces a tool-use id: its ``type`` is ``tool_use``
+    or ends in ``_tool_use``. The id itself may still be missing or unusable.
+    """
+    if not isinstance(block, dict):
+        return False
+    block_type = block.get("type")
+    return isinstance(block_type, str) and (
+        block_type == "tool_use" or block_type.endswith("_tool_use")
+    )
+
+
+def separator_for(block_type: str) -> str:
+    """
+    The suffix separator for a declaration type: ``-`` for ``tool_use`` (the
+    report's shape), ``_`` for the rest (``server_tool_use`` ids may not hold
+    a hyphen; ``_`` is inside every alphabet seen).
+    """
+    return "-" if block_type == "tool_use" else "_"
+
+
+def _is_lookalike(candidate: str, originals: Any) -> bool:
+    """
+    Whether stripping one or more suffixes from ``candidate`` reaches an
+    original in ``originals``.
+    """
+    while True:
+        head = candidate.rstrip(_DIGITS)
+        if len(head) == len(candidate) or not head or head[-1] not in _SEPARATORS:
+            return False
+        candidate = head[:-1]
+        if candidate in originals:
+            return True
+
+
+def _decode(client_id: str, separator: str, originals: Any) -> str:
+    """
+    The original id of a declaration whose client id is ``client_id``, given
+    the originals seen before it.
+    """
+    head = client_id.rstrip(_DIGITS)
+    if len(head) < len(client_id) and head and head[-1] == separator:
+        stem = head[:-1]
+        if stem in originals or _is_lookalike(stem, originals):
+            return stem
+    return client_id
+
+
+def _free_id(stem: str, separator: str, start: int, taken: Any, also_taken: Any) -> tuple[str, int]:
+    """
+    The first ``stem<separator>j``, ``j >= start``, in neither ``taken`` nor
+    ``also_taken``, and that ``j``. Terminates: every rejected candidate is a
+    distinct member of a finite set.
+    """
+    j = start
+    while True:
+        candidate = f"{stem}{separator}{j}"
+        if candidate not in taken and candidate not in also_taken:
+            return candidate, j
+        j += 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    """
+    One declaration or reference of a request's history.
+
+    :ivar message_index: index of the message in ``messages``.
+    :ivar block_index: index of the block in that message's ``content``.
+    :ivar field: :data:`ID`, :data:`TOOL_USE_ID` or :data:`CALLER_TOOL_ID`.
+    :ivar kind: :data:`DECLARATION` or :data:`REFERENCE`.
+    :ivar block_type: the block's ``type``, or ``None`` when it is not a string.
+    :ivar client_id: the id as the client sent it.
+    :ivar upstream_id: the id as the relay sends it upstream.
+    :ivar original_id: declarations: the decoded original id (exact under
+        ``original``; under ``unique``, where lookalikes that collide with
+        nothing are left alone, a best reading). References: the original id
+        of the declaration pointed at, ``None`` for an orphan.
+    :ivar occurrence: declarations: ``k``, the occurrence of the original id;
+        references: ``None``.
+    :ivar points_to: references: ``(message_index, block_index)`` of the
+        declaration pointed at, ``None`` for an orphan; declarations: ``None``.
+    :ivar repaired: declarations: the client's id repeated an earlier upstream
+        id and was sent upstream under a fresh one (``unique`` only).
+        References: the declaration pointed at was repaired.
+    """
+
+    message_index: int
+    block_index: int
+    field: str
+    kind: str
+    block_type: str | None
+    client_id: str
+    upstream_id: str
+    original_id: str | None
+    occurrence: int | None
+    points_to: tuple[int, int] | None
+    repaired: bool = False
+
+    @property
+    def orphan(self) -> bool:
+        """Whether this is a reference to no earlier declaration."""
+        return self.kind == REFERENCE and self.points_to is None
+
+    @property
+    def changed(self) -> bool:
+        """Whether the upstream receives another id than the client sent."""
+        return self.upstream_id != self.client_id
+
+    def to_dict(self) -> dict[str, Any]:
+        """This entry as a JSON-able dict."""
+        return {
+            "message_index": self.message_index,
+            "block_index": self.block_index,
+            "field": self.field,
+            "kind": self.kind,
+            "block_type": self.block_type,
+            "client_id": self.client_id,
+            "upstream_id": self.upstream_id,
+            "original_id": self.original_id,
+            "occurrence": self.occurrence,
+            "points_to": None if self.points_to is None else list(self.points_to),
+            "repaired": self.repaired,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Entry:
+        """
+        The entry that :meth:`to_dict` gave ``data``; unknown keys are ignored.
+
+        :raises ValueError: when a field is missing.
+        """
+        try:
+            points_to = data["points_to"]
+            return cls(
+                message_index=data["message_index"],
+                block_index=data["block_index"],
+                field=data["field"],
+                kind=data["kind"],
+                block_type=data["block_type"],
+                client_id=data["client_id"],
+                upstream_id=data["upstream_id"],
+                original_id=data["original_id"],
+                occurrence=data["occurrence"],
+                points_to=None if points_to is None else tuple(points_to),
+                repaired=data["repaired"],
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a translation table entry: {e!r}") from e
+
+
+_COLUMNS = (
+    ("msg", lambda e: str(e.message_index)),
+    ("blk", lambda e: str(e.block_index)),
+    ("kind", lambda e: e.kind),
+    ("type", lambda e: str(e.block_type)),
+    ("field", lambda e: e.field),
+    ("client id", lambda e: e.client_id),
+    ("upstream id", lambda e: e.upstream_id),
+    ("original", lambda e: "" if e.original_id is None else e.original_id),
+    ("k", lambda e: "" if e.occurrence is None else str(e.occurrence)),
+    ("points to", lambda e: "" if e.points_to is None else "%d.%d" % e.points_to),
+    ("note", lambda e: "orphan" if e.orphan else ("repaired" if e.repaired else "")),
+)
+
+
+@dataclass(frozen=True)
+class TranslationTable:
+    """
+    The translation table of one request: every declaration and reference of
+    its history in walk order. A plain value: equal tables compare equal, and
+    :meth:`to_dict` / :meth:`from_dict` round-trip it through JSON.
+
+    :ivar policy: :data:`UNIQUE` or :data:`ORIGINAL`.
+    :ivar entries: the :class:`Entry` values, in walk order.
+    """
+
+    policy: str
+    entries: tuple[Entry, ...] = ()
+
+    @property
+    def repairs(self) -> list[Entry]:
+        """The declarations sent upstream under a repaired id."""
+        return [e for e in self.entries if e.repaired and e.kind == DECLARATION]
+
+    @property
+    def orphans(self) -> list[Entry]:
+        """The references that point at no earlier declaration."""
+        return [e for e in self.entries if e.orphan]
+
+    def to_dict(self) -> dict[str, Any]:
+        """This table as a JSON-able dict."""
+        return {
+            "version": _TABLE_VERSION,
+            "policy": self.policy,
+            "entries": [e.to_dict() for e in self.entries],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TranslationTable:
+        """
+        The table that :meth:`to_dict` gave ``data``.
+
+        :raises ValueError: when ``data`` is not such a table.
+        """
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+            raise ValueError("not a translation table")
+        if data.get("version") != _TABLE_VERSION:
+            raise ValueError(f"unknown translation table version {data.get('version')!r}")
+        if data.get("policy") not in POLICIES:
+            raise ValueError(f"unknown policy {data.get('policy')!r}")
+        return cls(data["policy"], tuple(Entry.from_dict(e) for e in data["entries"]))
+
+    def format(self) -> str:
+        """A human-readable text table with one row per entry."""
+        rows = [[text(e) for _, text in _COLUMNS] for e in self.entries]
+        header = [name for name, _ in _COLUMNS]
+        widths = [max([len(header[i])] + [len(r[i]) for r in rows]) for i in range(len(header))]
+        lines = [
+            "policy: %s; %d declarations, %d references, %d repaired, %d orphans"
+            % (
+                self.policy,
+                sum(1 for e in self.entries if e.kind == DECLARATION),
+                sum(1 for e in self.entries if e.kind == REFERENCE),
+                len(self.repairs),
+                len(self.orphans),
+            )
+        ]
+        for row in [header] + rows:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """
+    One id a :class:`ResponseTranslator` changed in a response.
+
+    :ivar block_type: the ``type`` of the block that carried the id.
+    :ivar field: :data:`ID`, :data:`TOOL_USE_ID` or :data:`CALLER_TOOL_ID`.
+    :ivar upstream_id: the id the upstream emitted.
+    :ivar client_id: the id the client receives.
+    :ivar occurrence: declarations: ``k``; references: ``None``.
+    :ivar suspected_double_emission: a declaration whose id, name and input
+        repeat those of a declaration earlier in the same response. In a
+        stream only what ``content_block_start`` carries is compared, and its
+        ``input`` is ``{}``, so there the name alone decides.
+    """
+
+    block_type: str | None
+    field: str
+    upstream_id: str
+    client_id: str
+    occurrence: int | None
+    suspected_double_emission: bool = False
+
+
+class _Union:
+    """Membership in either of two containers, without copying either."""
+
+    __slots__ = ("base", "local")
+
+    def __init__(self, base: Any, local: Any) -> None:
+        self.base = base
+        self.local = local
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.local or item in self.base
+
+
+class _History:
+    """
+    What the walk of a request leaves for its response: read-only once built.
+
+    :ivar declared: client id -> (message index, block index, upstream id,
+        original id, repaired) of the most recent declaration with that id.
+    :ivar counts: original id -> number of declarations with it.
+    :ivar upstream_ids: the upstream ids sent (``unique``; empty otherwise).
+    :ivar upstream_to_client: upstream id -> client id of the most recent
+        declaration with that upstream id.
+    """
+
+    __slots__ = ("policy", "declared", "counts", "upstream_ids", "upstream_to_client")
+
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+        self.declared: dict[str, tuple[int, int, str, str, bool]] = {}
+        self.counts: dict[str, int] = {}
+        self.upstream_ids: set[str] = set()
+        self.upstream_to_client: dict[str, str] = {}
+
+
+def _walk(messages: list, history: _History) -> tuple[list[tuple], list[tuple]]:
+    """
+    Walk ``messages`` in walk order, filling ``history``.
+
+    :return: the table rows as tuples in :class:`Entry` field order, and the
+        changes ``(message index, block index, field, upstream id)``.
+    """
+    unique = history.policy == UNIQUE
+    declared = history.declared
+    counts = history.counts
+    upstream_ids = history.upstream_ids
+    upstream_to_client = history.upstream_to_client
+    # (stem, separator) -> j such that every repair candidate below j is taken;
+    # the taken sets only grow, so it stays true and keeps repairs linear.
+    repair_floor: dict[tuple[str, str], int] = {}
+    rows: list[tuple] = []
+    changes: list[tuple] = []
+
+    def reference(mi: int, bi: int, field: str, block_type: Any, client_id: str) -> None:
+        if not isinstance(block_type, str):
+            block_type = None
+        target = declared.get(client_id)
+        if target is None:
+            rows.append((mi, bi, field, REFERENCE, block_type, client_id, client_id, None, None, None, False))
+            return
+        tmi, tbi, upstream, original, repaired = target
+        rows.append((mi, bi, field, REFERENCE, block_type, client_id, upstream, original, None, (tmi, tbi), repaired))
+        if upstream != client_id:
+            changes.append((mi, bi, field, upstream))
+
+    for mi, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for bi, block in enumerate(content):
+            if not isinstance(block, dict):
+                continue
+            block_type = block.get("type")
+            # A block's own references point at earlier blocks, so they are
+            # resolved before its declaration (if any) is recorded.
+            ref = block.get("tool_use_id")
+            if isinstance(ref, str):
+                reference(mi, bi, TOOL_USE_ID, block_type, ref)
+            caller = block.get("caller")
+            if isinstance(caller, dict):
+                ref = caller.get("tool_id")
+                if isinstance(ref, str):
+                    reference(mi, bi, CALLER_TOOL_ID, block_type, ref)
+            if not (
+                isinstance(block_type, str)
+                and (block_type == "tool_use" or block_type.endswith("_tool_use"))
+            ):
+                continue
+            client_id = block.get("id")
+            if not isinstance(client_id, str):
+                continue
+            separator = "-" if block_type == "tool_use" else "_"
+            original = _decode(client_id, separator, counts)
+            k = counts.get(original, 0) + 1
+            counts[original] = k
+            repaired = False
+            if not unique:
+                upstream = original
+            elif client_id in upstream_ids:
+                repaired = True
+                key = (client_id, separator)
+                upstream, j = _free_id(
+                    client_id, separator, repair_floor.get(key, 2), declared, upstream_ids
+                )
+                repair_floor[key] = j + 1
+            else:
+                upstream = client_id
+            if unique:
+                upstream_ids.add(upstream)
+            declared[client_id] = (mi, bi, upstream, original, repaired)
+            upstream_to_client[upstream] = client_id
+            rows.append((mi, bi, ID, DECLARATION, block_type, client_id, upstream, original, k, None, repaired))
+            if upstream != client_id:
+                changes.append((mi, bi, ID, upstream))
+    return rows, changes
+
+
+def _rewritten_body(body: dict, messages: list, changes: list[tuple]) -> dict:
+    """
+    A copy of ``body`` with ``changes`` applied, copying only the messages and
+    blocks they touch and sharing every other object with ``body``.
+    """
+    new_messages = list(messages)
+    new_contents: dict[int, list] = {}
+    new_blocks: dict[tuple[int, int], dict] = {}
+    for mi, bi, field, upstream in changes:
+        block = new_blocks.get((mi, bi))
+        if block is None:
+            content = new_contents.get(mi)
+            if content is None:
+                message = dict(messages[mi])
+                content = message["content"] = list(message["content"])
+                new_messages[mi] = message
+                new_contents[mi] = content
+            block = new_blocks[(mi, bi)] = content[bi] = dict(content[bi])
+        if field == CALLER_TOOL_ID:
+            caller = block["caller"] = dict(block["caller"])
+            caller["tool_id"] = upstream
+        else:
+            block[field] = upstream
+    new_body = dict(body)
+    new_body["messages"] = new_messages
+    return new_body
+
+
+class ResponseTranslator:
+    """
+    Rewrites the ids of one upstream response, block by block in response
+    order, from upstream ids to client ids.
+
+    It continues the request's walk as if each translated block already stood
+    at the end of the history, which is where the client will put it: so the
+    next request's walk makes the same decisions about it.
+
+    :ivar rewrites: one :class:`Rewrite` per id changed so far.
+    """
+
+    def __init__(self, history: _History) -> None:
+        self._policy = history.policy
+        self._history = history
+        self._client_ids: set[str] = set()
+        self._upstream_ids: set[str] = set()
+        self._counts: dict[str, int] = {}
+        self._upstream_to_client: dict[str, str] = {}
+        self._declared = _Union(history.declared, self._client_ids)
+        self._originals = _Union(history.counts, self._counts)
+        self._sent = _Union(history.upstream_ids, self._upstream_ids)
+        # upstream id -> [(name, input)] of this response's declarations
+        self._emitted: dict[str, list[tuple[Any, Any]]] = {}
+        self.rewrites: list[Rewrite] = []
+
+    def translate_block(self, block: Any) -> bool:
+        """
+        Rewrite, in place, the ids of one content block as the upstream
+        emitted it (a ``content_block_start``'s ``content_block``, or one
+        element of a message's ``content``).
+
+        :return: whether anything changed.
+        """
+        if not isinstance(block, dict):
+            return False
+        block_type = block.get("type")
+        if not isinstance(block_type, str):
+            block_type = None
+        changed = False
+        ref = block.get("tool_use_id")
+        if isinstance(ref, str):
+            client_id = self._client_for(ref)
+            if client_id is not None and client_id != ref:
+                block["tool_use_id"] = client_id
+                self.rewrites.append(Rewrite(block_type, TOOL_USE_ID, ref, client_id, None))
+                changed = True
+        caller = block.get("caller")
+        if isinstance(caller, dict):
+            ref = caller.get("tool_id")
+            if isinstance(ref, str):
+                client_id = self._client_for(ref)
+                if client_id is not None and client_id != ref:
+                    caller["tool_id"] = client_id
+                    self.rewrites.append(Rewrite(block_type, CALLER_TOOL_ID, ref, client_id, None))
+                    changed = True
+        if block_type is not None and (
+            block_type == "tool_use" or block_type.endswith("_tool_use")
+        ):
+            emitted = block.get("id")
+            if isinstance(emitted, str):
+                changed = self._declare(block, block_type, emitted) or changed
+        return changed
+
+    def translate_message(self, message: Any) -> bool:
+        """
+        Rewrite every block of ``message["content"]`` in order (a
+        non-streaming answer, or a ``message_start``'s ``message``).
+
+        :return: whether anything changed.
+        """
+        if not isinstance(message, dict):
+            return False
+        content = message.get("content")
+        if not isinstance(content, list):
+            return False
+        changed = False
+        for block in content:
+            changed = self.translate_block(block) or changed
+        return changed
+
+    def _client_for(self, upstream_id: str) -> str | None:
+        """The client id of the most recent declaration sent as ``upstream_id``."""
+        client_id = self._upstream_to_client.get(upstream_id)
+        if client_id is None:
+            client_id = self._history.upstream_to_client.get(upstream_id)
+        return client_id
+
+    def _declare(self, block: dict, block_type: str, emitted: str) -> bool:
+        """Decide the client id of a declaration the upstream emitted as ``emitted``."""
+        separator = "-" if block_type == "tool_use" else "_"
+        declared = self._declared
+        originals = self._originals
+        if self._policy == UNIQUE:
+            taken = self._sent
+            collides = emitted in declared or emitted in taken
+        else:
+            taken = ()
+            collides = (
+                emitted in declared
+                or emitted in originals
+                or _is_lookalike(emitted, originals)
+            )
+        client_id = emitted
+        if collides:
+            k = self._occurrences(emitted) + 1
+            client_id, _ = _free_id(emitted, separator, max(k, 2), declared, taken)
+        # Record the block exactly as the next request's walk will read it.
+        original = _decode(client_id, separator, originals)
+        k = self._occurrences(original) + 1
+        self._counts[original] = k
+        self._client_ids.add(client_id)
+        if self._policy == UNIQUE:
+            self._upstream_ids.add(client_id)
+        self._upstream_to_client[emitted] = client_id
+        seen = (block.get("name"), block.get("input"))
+        earlier = self._emitted.setdefault(emitted, [])
+        double = collides and seen in earlier
+        earlier.append(seen)
+        if client_id == emitted:
+            return False
+        block["id"] = client_id
+        self.rewrites.append(Rewrite(block_type, ID, emitted, client_id, k, double))
+        return True
+
+    def _occurrences(self, original: str) -> int:
+        """How many declarations so far, history and response, have ``original``."""
+        local = self._counts.get(original)
+        return self._history.counts.get(original, 0) if local is None else local
+
+
+class RequestTranslation:
+    """
+    The translation of one request.
+
+    :ivar policy: :data:`UNIQUE` or :data:`ORIGINAL`.
+    :ivar changed: whether any upstream-bound id differs from the client's.
+    :ivar upstream_body: the body to send upstream: the client's body itself
+        when nothing changed, else a new dict sharing every unchanged object.
+    """
+
+    def __init__(self, policy: str, upstream_body: dict, changed: bool,
+                 history: _History, rows: list[tuple]) -> None:
+        self.policy = policy
+        self.upstream_body = upstream_body
+        self.changed = changed
+        self._history = history
+        self._rows = rows
+        self._table: TranslationTable | None = None
+
+    @property
+    def table(self) -> TranslationTable:
+        """
+        The :class:`TranslationTable`; built on first use, since most requests
+        never need it (it is for dumps and diagnostics).
+        """
+        if self._table is None:
+            self._table = TranslationTable(self.policy, tuple(Entry(*row) for row in self._rows))
+        return self._table
+
+    @property
+    def repairs(self) -> list[Entry]:
+        """The declarations sent upstream under a repaired id."""
+        return self.table.repairs
+
+    @property
+    def orphans(self) -> list[Entry]:
+        """The references that point at no earlier declaration."""
+        return self.table.orphans
+
+    def response(self) -> ResponseTranslator:
+        """A fresh :class:`ResponseTranslator` for one response to this request."""
+        return ResponseTranslator(self._history)
+
+    def __repr__(self) -> str:
+        return "<RequestTranslation policy=%s changed=%s entries=%d>" % (
+            self.policy, self.changed, len(self._rows))
+
+
+def translate_request(body: dict, policy: str = UNIQUE) -> RequestTranslation:
+    """
+    Translate one request's ids for the upstream, walking its whole history.
+
+    ``body`` is never mutated. Messages, contents, blocks or ids of an
+    unexpected shape carry no usable id and are skipped.
+
+    :param body: the client's request body (a JSON object).
+    :param policy: :data:`UNIQUE` or :data:`ORIGINAL`.
+    :raises ValueError: for an unknown policy.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown upstream id policy {policy!r}; expected one of {POLICIES}")
+    history = _History(policy)
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return RequestTranslation(policy, body, False, history, [])
+    rows, changes = _walk(messages, history)
+    if not changes:
+        return RequestTranslation(policy, body, False, history, rows)
+    return RequestTranslation(policy, _rewritten_body(body, messages, changes), True, history, rows)
