@@ -53,7 +53,6 @@ _NOT_FORWARDED_UPSTREAM = HOP_BY_HOP | {
 }
 _NOT_FORWARDED_TO_CLIENT = HOP_BY_HOP | {
     b"content-length",
-    b"content-encoding",
     b"date",
     b"server",
 }

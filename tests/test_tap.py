@@ -1,0 +1,156 @@
+"""
+Tests for the ``twistd relay`` options and the service they make.
+"""
+
+from twisted.application.service import IServiceCollection
+from twisted.python.usage import UsageError
+from twisted.trial.unittest import SynchronousTestCase
+
+from twisted_relay.config import DEFAULT_LISTEN, DEFAULT_UPSTREAM, MiB, RelayConfig
+from twisted_relay.tap import Options, makeService
+
+
+def parse(*argv):
+    options = Options()
+    options.parseOptions(list(argv))
+    return options
+
+
+class OptionsTests(SynchronousTestCase):
+    """
+    ``twistd relay`` options parse into a L{RelayConfig}, and bad values are
+    usage errors at start, never tracebacks later.
+    """
+
+    def test_defaults(self):
+        """
+        With no options the relay listens on loopback port 8080, forwards to
+        Anthropic, passes the client's credentials through and accepts
+        Anthropic's own 32 MiB body limit.
+        """
+        config = parse().config
+        self.assertEqual(config.listen, (DEFAULT_LISTEN,))
+        self.assertEqual(config.listen, ("tcp:8080:interface=127.0.0.1",))
+        self.assertEqual(config.upstream, DEFAULT_UPSTREAM)
+        self.assertIsNone(config.upstream_key)
+        self.assertEqual(config.upstream_ids, "unique")
+        self.assertEqual(config.max_body, 32 * MiB)
+        self.assertIsNone(config.simulate)
+        self.assertEqual(config, RelayConfig(simulate_options=config.simulate_options))
+
+    def test_every_option(self):
+        """
+        Each documented option lands in the configuration.
+        """
+        config = parse(
+            "--listen", "tcp:9000:interface=127.0.0.1",
+            "--listen", "unix:/tmp/relay.sock",
+            "--upstream", "http://127.0.0.1:8081/",
+            "--upstream-key", "sk-test-upstream",
+            "--upstream-ids", "original",
+            "--connect-timeout", "2.5",
+            "--response-timeout", "30",
+            "--idle-timeout", "45",
+            "--ping-interval", "0",
+            "--max-body", "1M",
+            "--max-upstream-connections", "64",
+            "--dump-dir", "dumps",
+            "--dump-max-bytes", "2M",
+            "--dump-retention-days", "7",
+            "--dump-retention-bytes", "100M",
+            "--simulate", "stateful",
+            "--simulate-seed", "9",
+            "--simulate-reuse-every", "4",
+        ).config
+        self.assertEqual(
+            config.listen, ("tcp:9000:interface=127.0.0.1", "unix:/tmp/relay.sock")
+        )
+        self.assertEqual(config.upstream, "http://127.0.0.1:8081")
+        self.assertEqual(config.upstream_key, "sk-test-upstream")
+        self.assertEqual(config.upstream_ids, "original")
+        self.assertEqual(config.connect_timeout, 2.5)
+        self.assertEqual(config.response_timeout, 30)
+        self.assertEqual(config.idle_timeout, 45)
+        self.assertEqual(config.ping_interval, 0)
+        self.assertEqual(config.max_body, MiB)
+        self.assertEqual(config.max_upstream_connections, 64)
+        self.assertEqual(config.dump_dir, "dumps")
+        self.assertEqual(config.dump_max_bytes, 2 * MiB)
+        self.assertEqual(config.dump_retention_days, 7)
+        self.assertEqual(config.dump_retention_bytes, 100 * MiB)
+        self.assertEqual(config.simulate, "stateful")
+        self.assertEqual(config.simulate_options["seed"], 9)
+        self.assertEqual(config.simulate_options["reuse_every"], 4)
+
+    def test_no_dumps(self):
+        """
+        ``--no-dumps`` turns the dump writer off.
+        """
+        self.assertIsNone(parse("--no-dumps").config.dump_dir)
+
+    def test_upstream_key_from_environment(self):
+        """
+        The upstream key can come from the environment, so it never shows in
+        the process list.
+        """
+        self.patch(
+            __import__("os").environ, "get",
+            lambda name, default=None: "sk-from-env" if name == "TWISTED_RELAY_UPSTREAM_KEY" else default,
+        )
+        self.assertEqual(parse().config.upstream_key, "sk-from-env")
+
+    def test_bad_values(self):
+        """
+        Every bad value is a L{UsageError} whose message names the option.
+        """
+        cases = [
+            (["--upstream", "ftp://example"], "--upstream"),
+            (["--upstream", "not a url"], "--upstream"),
+            (["--upstream-ids", "random"], "--upstream-ids"),
+            (["--connect-timeout", "soon"], "--connect-timeout"),
+            (["--response-timeout", "0"], "--response-timeout"),
+            (["--idle-timeout", "-1"], "--idle-timeout"),
+            (["--ping-interval", "x"], "--ping-interval"),
+            (["--max-body", "lots"], "--max-body"),
+            (["--max-body", "0"], "--max-body"),
+            (["--listen", "nonsense:1"], "--listen"),
+            (["--simulate", "chaotic"], "--simulate"),
+            (["--simulate-seed", "x"], "--simulate-seed"),
+            (["--max-upstream-connections", "0"], "--max-upstream-connections"),
+        ]
+        for argv, name in cases:
+            with self.assertRaises(UsageError, msg=repr(argv)) as raised:
+                parse(*argv)
+            self.assertIn(name, str(raised.exception), argv)
+
+    def test_sizes(self):
+        """
+        Sizes accept plain bytes and K, M, G suffixes (with or without ``iB``).
+        """
+        self.assertEqual(parse("--max-body", "1048576").config.max_body, MiB)
+        self.assertEqual(parse("--max-body", "512K").config.max_body, 512 * 1024)
+        self.assertEqual(parse("--max-body", "2MiB").config.max_body, 2 * MiB)
+        self.assertEqual(parse("--max-body", "1G").config.max_body, 1024 * MiB)
+
+
+class MakeServiceTests(SynchronousTestCase):
+    """
+    ``makeService`` builds a service collection from the options.
+    """
+
+    def test_service_collection(self):
+        """
+        The service is a collection holding a listener per ``--listen``.
+        """
+        from twisted.application.internet import StreamServerEndpointService
+        from twisted.internet.testing import MemoryReactorClock
+
+        options = parse(
+            "--listen", "tcp:0:interface=127.0.0.1",
+            "--listen", "tcp:0:interface=127.0.0.1",
+            "--no-dumps",
+        )
+        service = makeService(options, MemoryReactorClock())
+        self.assertTrue(IServiceCollection.providedBy(service))
+        listeners = [s for s in service if isinstance(s, StreamServerEndpointService)]
+        self.assertEqual(len(listeners), 2)

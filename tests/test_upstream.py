@@ -1,0 +1,124 @@
+"""
+Tests for the header rules between client, relay and upstream.
+"""
+
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http_headers import Headers
+
+from twisted_relay.upstream import client_response_headers, upstream_request_headers
+
+
+def headers(**pairs):
+    h = Headers()
+    for name, value in pairs.items():
+        h.addRawHeader(name.replace("_", "-").encode(), value.encode())
+    return h
+
+
+class UpstreamRequestHeadersTests(SynchronousTestCase):
+    """
+    What the upstream receives of the client's headers.
+    """
+
+    def test_end_to_end_headers_pass_verbatim(self):
+        """
+        ``anthropic-*``, ``x-claude-code-*``, ``user-agent``, ``content-type``,
+        the SDK's telemetry and custom headers pass through unchanged.
+        """
+        client = headers(
+            anthropic_version="2023-06-01",
+            anthropic_beta="a,b,c",
+            anthropic_dangerous_direct_browser_access="true",
+            x_claude_code_session_id="sess-1",
+            x_app="cli",
+            user_agent="claude-cli/2.0 (external, cli)",
+            content_type="application/json",
+            x_stainless_lang="python",
+            x_custom="kept",
+        )
+        sent = upstream_request_headers(client, None)
+        for name, values in client.getAllRawHeaders():
+            self.assertEqual(sent.getRawHeaders(name), values, name)
+
+    def test_hop_by_hop_dropped(self):
+        """
+        Hop-by-hop headers, those named in ``Connection``, ``host``,
+        ``content-length`` and ``accept-encoding`` are not forwarded: the
+        relay sets its own and must read uncompressed bytes.
+        """
+        client = headers(
+            connection="keep-alive, x-private-hop",
+            keep_alive="timeout=5",
+            x_private_hop="secret-hop",
+            transfer_encoding="chunked",
+            te="trailers",
+            upgrade="h2c",
+            proxy_authorization="Basic abc",
+            host="relay.local",
+            content_length="12",
+            accept_encoding="gzip",
+            anthropic_version="2023-06-01",
+        )
+        sent = upstream_request_headers(client, None)
+        self.assertEqual(
+            [name for name, _ in sent.getAllRawHeaders()], [b"Anthropic-Version"]
+        )
+
+    def test_client_credentials_pass_through_without_upstream_key(self):
+        """
+        With no upstream key configured the client's own ``x-api-key`` and
+        ``Authorization`` reach the upstream untouched.
+        """
+        client = headers(x_api_key="sk-client", authorization="Bearer tok")
+        sent = upstream_request_headers(client, None)
+        self.assertEqual(sent.getRawHeaders(b"x-api-key"), [b"sk-client"])
+        self.assertEqual(sent.getRawHeaders(b"authorization"), [b"Bearer tok"])
+
+    def test_upstream_key_replaces_client_credentials(self):
+        """
+        With an upstream key, the client's credentials are removed and the
+        relay's key is sent as ``x-api-key``.
+        """
+        client = headers(x_api_key="sk-client", authorization="Bearer tok")
+        sent = upstream_request_headers(client, "sk-upstream")
+        self.assertEqual(sent.getRawHeaders(b"x-api-key"), [b"sk-upstream"])
+        self.assertIsNone(sent.getRawHeaders(b"authorization"))
+
+
+class ClientResponseHeadersTests(SynchronousTestCase):
+    """
+    What the client receives of the upstream's response headers.
+    """
+
+    def test_anthropic_headers_returned(self):
+        """
+        ``request-id``, rate-limit headers, ``retry-after`` and
+        ``x-should-retry`` reach the client.
+        """
+        upstream = headers(
+            request_id="req_123",
+            anthropic_ratelimit_requests_remaining="99",
+            anthropic_ratelimit_tokens_reset="2026-01-01T00:00:00Z",
+            retry_after="3",
+            x_should_retry="true",
+            content_type="application/json",
+        )
+        returned = client_response_headers(upstream)
+        for name, values in upstream.getAllRawHeaders():
+            self.assertEqual(returned.getRawHeaders(name), values, name)
+
+    def test_connection_headers_not_returned(self):
+        """
+        Hop-by-hop headers, ``content-length`` (the relay may rewrite the
+        body), ``date`` and ``server`` are the relay's own.
+        """
+        upstream = headers(
+            connection="close",
+            transfer_encoding="chunked",
+            content_length="10",
+            date="Mon, 01 Jan 2026 00:00:00 GMT",
+            server="upstream/1.0",
+            request_id="req_1",
+        )
+        returned = client_response_headers(upstream)
+        self.assertEqual([n for n, _ in returned.getAllRawHeaders()], [b"Request-Id"])
