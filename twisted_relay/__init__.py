@@ -7,5 +7,17 @@ dump of every 4xx the upstream returns.
 """
 
 from twisted_relay._version import __version__
+from twisted_relay.config import RelayConfig
 
-__all__ = ["__version__"]
+
+def __getattr__(name):
+    # The service layer imports Twisted's web stack; load it only when asked,
+    # so the pure parts (twisted_relay.translation) stay light to import.
+    if name in ("Relay", "make_service"):
+        from twisted_relay import service
+
+        return getattr(service, name)
+    raise AttributeError(name)
+
+
+__all__ = ["Relay", "RelayConfig", "__version__", "make_service"]
