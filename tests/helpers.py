@@ -72,6 +72,7 @@ class InMemoryRelay:
     def flush(self, rounds: int = 30) -> None:
         """Move bytes both ways until nothing is left to move."""
         for _ in range(rounds):
+            self.clock.advance(0)
             self.upstream_agent.flush()
             self.stub.flush()
 

@@ -6,6 +6,7 @@ rules, error paths, streaming and non-streaming answers.
 from __future__ import annotations
 
 import ujson
+from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
@@ -82,11 +83,14 @@ def json_of(testcase, relay, response):
 
 class RelayTestMixin:
     def relay(self, upstream=None, **config):
-        self.sim = upstream if upstream is not None else SimulatedUpstream(mode="lenient", seed=3, reuse_every=0)
+        clock = MemoryReactorClock()
+        self.sim = upstream
+        if upstream is None:
+            self.sim = SimulatedUpstream(mode="lenient", seed=3, reuse_every=0, reactor=clock)
         resource = self.sim.resource() if isinstance(self.sim, SimulatedUpstream) else self.sim
         settings = dict(listen=(), upstream=UPSTREAM_URL, dump_dir=None)
         settings.update(config)
-        return InMemoryRelay(resource, RelayConfig(**settings))
+        return InMemoryRelay(resource, RelayConfig(**settings), clock=clock)
 
     def assertAnthropicError(self, relay, response, status, error_type, words=()):
         self.assertEqual(response.code, status)
@@ -115,7 +119,7 @@ class ValidationTests(RelayTestMixin, SynchronousTestCase):
         relay = self.relay()
         response = result(self, relay, relay.post("/v1/messages", b'{"model": '))
         self.assertAnthropicError(relay, response, 400, "invalid_request_error", ["not valid JSON"])
-        self.assertEqual(self.sim.requests, [])
+        self.assertEqual(list(self.sim.requests), [])
 
     def test_invalid_utf8(self):
         """
@@ -150,7 +154,7 @@ class ValidationTests(RelayTestMixin, SynchronousTestCase):
         body = messages_body([{"role": "user", "content": "x" * 500}])
         response = result(self, relay, relay.post("/v1/messages", body))
         self.assertAnthropicError(relay, response, 413, "request_too_large", ["200"])
-        self.assertEqual(self.sim.requests, [])
+        self.assertEqual(list(self.sim.requests), [])
 
     def test_unknown_fields_roles_and_blocks_pass(self):
         """
@@ -202,7 +206,7 @@ class ProbeTests(RelayTestMixin, SynchronousTestCase):
         for path in ("/", "/api/hello"):
             d = relay.stub.request("HEAD", "http://relay.test" + path)
             self.assertEqual(result(self, relay, d).code, 200)
-        self.assertEqual(self.sim.requests, [])
+        self.assertEqual(list(self.sim.requests), [])
 
     def test_health(self):
         """

@@ -242,7 +242,7 @@ class FlowControlTests(NetworkTestMixin, TestCase):
         self.assertGreaterEqual(producer.pauses, 1)
         self.assertIn(b"event: message_stop", raw[-200:])
         # Every delta the upstream produced arrived (chunked framing aside).
-        self.assertEqual(raw.count(b"event: content_block_delta"), total // len(DELTA) + 1)
+        self.assertEqual(raw.count(b"event: content_block_delta"), producer.produced // len(DELTA) + 1)
 
 
 class UnreachableUpstreamTests(NetworkTestMixin, TestCase):

@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Iterable
 from urllib.parse import urlsplit
 
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.error import ConnectError, DNSLookupError, TimeoutError
 from twisted.logger import Logger
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
+from twisted.web.iweb import IBodyProducer, IResponse
+from zope.interface import implementer
 from treq.client import HTTPClient
 
 from twisted_relay.errors import RelayError
@@ -108,6 +109,33 @@ def client_response_headers(upstream_headers: Headers) -> Headers:
     return _copy_headers(upstream_headers, _NOT_FORWARDED_TO_CLIENT)
 
 
+@implementer(IBodyProducer)
+class _BytesProducer:
+    """
+    A request body that is already in memory, written in one go.
+
+    treq wraps bytes in a ``FileBodyProducer``, which hands them out in
+    cooperator-scheduled chunks: latency for nothing when the body is whole.
+    """
+
+    def __init__(self, body: bytes):
+        self._body = body
+        self.length = len(body)
+
+    def startProducing(self, consumer):
+        consumer.write(self._body)
+        return succeed(None)
+
+    def stopProducing(self) -> None:
+        pass
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+
 class UpstreamClient:
     """
     Sends requests to the upstream over one persistent connection pool.
@@ -178,7 +206,7 @@ class UpstreamClient:
             method.decode("ascii"),
             url,
             headers=headers,
-            data=body,
+            data=None if body is None else _BytesProducer(body),
             unbuffered=True,
             allow_redirects=False,
         )
