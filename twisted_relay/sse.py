@@ -1,0 +1,643 @@
+# -*- test-case-name: tests.test_sse -*-
+"""
+Server-sent events: an incremental framer and the gate that streams an
+upstream answer to the client.
+
+The framer cuts a byte stream into raw events without ever changing a byte.
+The gate (a Twisted :class:`~twisted.internet.protocol.Protocol` that treq
+feeds with ``response.deliverBody``) writes each received chunk's complete
+events to the client in one write, after the id-translation core has decided
+the few events that can carry tool-use ids (``content_block_start`` and
+``message_start``). Every other event is never parsed and leaves as the very
+bytes that came in.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Callable
+
+import ujson
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from twisted_relay.errors import RelayError
+
+if TYPE_CHECKING:
+    from twisted_relay.translation import ResponseTranslator, Rewrite
+
+__all__ = [
+    "DEFAULT_MAX_EVENT_BYTES",
+    "PING_EVENT",
+    "EventFramer",
+    "EventTooLarge",
+    "SSEGate",
+    "event_name",
+    "parse_event",
+]
+
+#: The largest event the gate accepts by default (8 MiB).
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+
+#: The event the relay sends on its own when the upstream is silent.
+PING_EVENT = b'event: ping\ndata: {"type": "ping"}\n\n'
+
+# The longest match first, so that a complete "\r\n" is one line ending.
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_CR = 13
+
+# Events whose JSON the gate reads: the two that can declare tool-use ids, and
+# upstream errors (reported through ``on_error_event``).
+_CONTENT_BLOCK_START = b"content_block_start"
+_MESSAGE_START = b"message_start"
+_ERROR = b"error"
+_MESSAGE_STOP = b"message_stop"
+_PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
+
+
+class EventTooLarge(ValueError):
+    """
+    An event grew past the framer's maximum size.
+
+    :ivar events: the complete events that preceded the oversized one in the
+        same :meth:`EventFramer.feed` call, so that no byte is lost.
+    """
+
+    def __init__(self, size: int, limit: int, events: list[bytes] | None = None):
+        super().__init__(
+            "An event of at least %d bytes exceeds the limit of %d bytes." % (size, limit)
+        )
+        self.size = size
+        self.limit = limit
+        self.events = events or []
+
+
+class EventFramer:
+    """
+    Cut a stream of bytes into raw SSE events, incrementally.
+
+    An event is any run of lines ended by an empty line (a blank line with no
+    event before it is an event of its own). Lines end in ``\\n``, ``\\r\\n``
+    or ``\\r``. A raw event is returned exactly as received, its blank line
+    included, so the concatenation of all events (and the tail still held)
+    is always the input, whatever the split.
+
+    One ambiguity is settled by waiting: a bare ``\\r`` at the end of the
+    buffer that would end an event may be the first half of ``\\r\\n``, so
+    that event is held until the next byte arrives (or :meth:`close`). The
+    framing therefore never depends on where the stream was split; the cost
+    is that, in a stream using bare ``\\r`` line endings, each event waits
+    for the first byte of the next one.
+
+    :param max_event_bytes: the largest event accepted; a larger one raises
+        :class:`EventTooLarge`.
+    """
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):
+        self.max_event_bytes = max_event_bytes
+        # The buffer is the received chunk itself while nothing is held over,
+        # and a bytearray that grows in place once an event spans chunks.
+        self._buf: bytes | bytearray = b""
+        self._start = 0  # the first byte of the first event not yet taken
+        self._line = 0  # the first byte of the current event's open line
+        self._seen = 0  # bytes of the buffer already examined
+        # Until a "\r" has been seen, events end exactly at "\n\n": the fast
+        # path. Anthropic's streams never contain a raw "\r".
+        self._cr = False
+        # Set by close(): no byte will come, so a final "\r" is a whole line end.
+        self._final = False
+
+    @property
+    def pending(self) -> bytes:
+        """The bytes received but not yet returned as an event."""
+        return bytes(self._buf[self._start :])
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """
+        Add received bytes and return every event they complete.
+
+        :raises EventTooLarge: when the event being read exceeds the limit;
+            its ``events`` holds the complete events before it.
+        """
+        self._append(data)
+        events = []
+        buf = self._buf
+        try:
+            while True:
+                start = self._start
+                end = self._next_end()
+                if end < 0:
+                    break
+                events.append(_copy(buf, start, end))
+        except EventTooLarge as e:
+            e.events = events
+            raise
+        self._compact()
+        return events
+
+    def close(self) -> list[bytes]:
+        """
+        Declare the end of the stream: return the events that only waited for
+        the next byte (an event ended by a bare ``\\r``).
+
+        Whatever remains in :attr:`pending` afterwards is an incomplete event.
+        """
+        self._final = True
+        return self.feed(b"")
+
+    # -- the gate drives these directly, to avoid a copy per event ---------
+
+    def _append(self, data: bytes) -> None:
+        if not self._cr and b"\r" in data:
+            self._cr = True
+        if self._start == len(self._buf):
+            self._buf = data
+            self._start = self._line = self._seen = 0
+        elif isinstance(self._buf, bytearray):
+            self._buf += data
+        else:
+            self._buf = bytearray(self._buf)
+            self._buf += data
+
+    def _compact(self) -> None:
+        """Drop the events taken so far, keeping the incomplete tail."""
+        start = self._start
+        if start == len(self._buf):
+            self._buf = b""
+            self._start = self._line = self._seen = 0
+        elif start:
+            if isinstance(self._buf, bytearray):
+                del self._buf[:start]
+            else:
+                self._buf = bytearray(self._buf[start:])
+            self._start = 0
+            self._line -= start
+            self._seen -= start
+
+    def _next_end(self) -> int:
+        """
+        Take the next complete event: return its end offset in ``_buf`` (it
+        starts at the ``_start`` before the call), or -1 when none is complete.
+        """
+        buf = self._buf
+        start = self._start
+        n = len(buf)
+        if start == n:
+            return -1
+        if self._cr:
+            end = self._next_end_slow(buf, start, n)
+        elif buf[start] == 10:
+            end = start + 1
+        else:
+            p = buf.find(b"\n\n", max(start, self._seen - 1))
+            if p < 0:
+                self._seen = n
+                self._line = buf.rfind(b"\n", start, n) + 1 or start
+                end = -1
+            else:
+                end = p + 2
+        if end < 0:
+            if n - start > self.max_event_bytes:
+                raise EventTooLarge(n - start, self.max_event_bytes)
+            return -1
+        if end - start > self.max_event_bytes:
+            raise EventTooLarge(end - start, self.max_event_bytes)
+        self._start = self._line = self._seen = end
+        return end
+
+    def _next_end_slow(self, buf: bytes | bytearray, start: int, n: int) -> int:
+        line = self._line
+        # Bytes before _seen - 1 hold no line ending of the open line; the
+        # last one examined may be a "\r" that waited for its partner.
+        i = max(line, self._seen - 1)
+        search = _LINE_END.search
+        while True:
+            m = search(buf, i)
+            if m is None:
+                break
+            at = m.start()
+            if at == n - 1 and buf[at] == _CR and not self._final:
+                break
+            if at == line:
+                return m.end()
+            line = i = m.end()
+        self._line = line
+        self._seen = n
+        return -1
+
+
+def _copy(buf: bytes | bytearray, start: int, end: int) -> bytes:
+    """``bytes(buf[start:end])`` with one copy at most (none for a whole ``bytes``)."""
+    if type(buf) is bytes:
+        return buf[start:end]
+    return bytes(memoryview(buf)[start:end])
+
+
+def _event_name_at(buf: bytes | bytearray, start: int, end: int) -> bytes | None:
+    """
+    The ``event`` field of the raw event in ``buf[start:end]``.
+
+    The common shape (``event:`` on the first line, no other ``event`` line)
+    costs a few ``find`` calls; anything else falls back to a line parse.
+    """
+    if buf.startswith(b"event:", start):
+        eol = buf.find(b"\n", start, end)
+        if eol < 0:
+            eol = end
+        cr = buf.find(b"\r", start, eol)
+        if cr >= 0:
+            eol = cr
+        if buf.find(b"\nevent", eol, end) < 0 and buf.find(b"\revent", eol, end) < 0:
+            value_start = start + 6
+            if buf[value_start : value_start + 1] == b" ":
+                value_start += 1
+            return bytes(buf[value_start:eol])
+    name = None
+    for line in bytes(buf[start:end]).splitlines():
+        if line.startswith(b":"):
+            continue
+        field, _, value = line.partition(b":")
+        if field == b"event":
+            name = value[1:] if value.startswith(b" ") else value
+    return name
+
+
+def event_name(raw: bytes) -> bytes | None:
+    """
+    The ``event`` field of a raw event, or ``None`` when it has none.
+
+    Reads the ``event:`` line only, not the data: cheap enough to call on
+    every event. When several ``event`` lines occur the last one wins, as in
+    the SDKs.
+    """
+    return _event_name_at(raw, 0, len(raw))
+
+
+def parse_event(raw: bytes) -> tuple[str | None, str]:
+    """
+    Parse a raw event the way the Anthropic SDKs do.
+
+    Lines starting with ``:`` are comments; a field is split at its first
+    ``:`` and one leading space is stripped from the value; the last
+    ``event`` wins; ``data`` lines are joined with ``\\n``.
+
+    :return: ``(event name or None, data)``.
+    """
+    name = None
+    data = []
+    for line in raw.splitlines():
+        text = line.decode("utf-8")
+        if text.startswith(":"):
+            continue
+        field, _, value = text.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "event":
+            name = value
+        elif field == "data":
+            data.append(value)
+    return name, "\n".join(data)
+
+
+def _dumps(obj: object) -> bytes:
+    return ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
+
+
+@implementer(IPushProducer)
+class SSEGate(Protocol):
+    """
+    Stream an upstream SSE body to the client, rewriting tool-use ids.
+
+    Give it to ``response.deliverBody`` and register it on the client
+    request with ``request.registerProducer(gate, True)``. Each received
+    chunk's complete events reach ``write`` in one call, in order; an
+    incomplete event is held until complete, so a ``content_block_start`` is
+    decided before it or anything after it is written. Events that need no
+    rewrite are written as the bytes received.
+
+    :param write: the client sink, e.g. the request's ``write``.
+    :param translator: a ``ResponseTranslator``; ``None`` passes every event
+        through.
+    :param clock: the time source for the ping and idle timers.
+    :param idle_timeout: seconds of upstream silence after which the stream
+        fails (504); ``None`` for never.
+    :param ping_interval: seconds of upstream silence after which the relay
+        sends a ``ping`` event of its own; ``None`` for never.
+    :param max_event_bytes: the largest upstream event accepted (502 beyond).
+    :param on_rewrite: called with each ``Rewrite`` the translator records.
+    :param on_error_event: called with the parsed payload of every upstream
+        ``error`` event.
+
+    :ivar done: fires ``None`` when the upstream body ended after a complete
+        stream; errbacks with :class:`~twisted_relay.errors.RelayError` when it
+        was cut, was silent too long or sent an oversized event, and with
+        ``CancelledError`` when the client went away (:meth:`stopProducing`)
+        or ``done`` was cancelled. Nothing is written after it has fired.
+    :ivar message_stop_seen: whether ``message_stop`` has gone through.
+    :ivar events_received: complete upstream events.
+    :ivar events_rewritten: events whose ids were rewritten.
+    :ivar bytes_received: upstream body bytes.
+    :ivar bytes_written: bytes written to the client, pings included.
+    :ivar pings_sent: pings the relay added.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        write: Callable[[bytes], None],
+        translator: ResponseTranslator | None = None,
+        *,
+        clock: IReactorTime,
+        idle_timeout: float | None = None,
+        ping_interval: float | None = None,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        on_rewrite: Callable[[Rewrite], None] | None = None,
+        on_error_event: Callable[[dict], None] | None = None,
+    ):
+        self._write = write
+        self._translator = translator
+        self._clock = clock
+        self._idle_timeout = idle_timeout
+        self._ping_interval = ping_interval
+        self._on_rewrite = on_rewrite
+        self._on_error_event = on_error_event
+        self._framer = EventFramer(max_event_bytes)
+        self.done: Deferred[None] = Deferred(lambda d: self.stopProducing())
+        self._paused = False
+        self._busy = False
+        self._again = False
+        self._held: list[bytes] = []
+        self._last_byte = 0.0
+        self._quiet_since = 0.0
+        self._idle_call: IDelayedCall | None = None
+        self._ping_call: IDelayedCall | None = None
+        self.message_stop_seen = False
+        self.error_event_seen = False
+        self.events_received = 0
+        self.events_rewritten = 0
+        self.bytes_received = 0
+        self.bytes_written = 0
+        self.pings_sent = 0
+
+    # -- IProtocol -------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Start the timers, or pass on a pause or stop that came first."""
+        if self.done.called:
+            self.transport.stopProducing()
+        elif self._paused:
+            self.transport.pauseProducing()
+        else:
+            self._start_timers()
+
+    def dataReceived(self, data: bytes) -> None:
+        """Frame a chunk and write its complete events in one write."""
+        if self.done.called:
+            return
+        self.bytes_received += len(data)
+        if self._idle_call is not None or self._ping_call is not None:
+            self._last_byte = self._quiet_since = self._clock.seconds()
+        if self._busy:
+            # A callback of ours led here: the outer call is mid-buffer.
+            self._held.append(data)
+            self._again = True
+            return
+        self._framer._append(data)
+        self._drain()
+
+    def connectionLost(self, reason: Failure = None) -> None:
+        """
+        Write what is left and judge the stream by its content: it is
+        complete when ``message_stop`` (or an upstream ``error`` event) went
+        through and no event was cut. ``ResponseDone`` and
+        ``PotentialDataLoss`` are treated alike, since SSE says by itself
+        whether it is whole.
+        """
+        if self.done.called:
+            return
+        self._cancel_timers()
+        # Events held by a pause are in memory already: write them all.
+        self._paused = False
+        self._framer._final = True
+        self._drain()
+        if self.done.called:
+            return
+        why = reason.type.__name__ if reason is not None else "no reason"
+        if self._framer.pending:
+            self._fail(
+                RelayError(502, "The upstream stream was cut in the middle of an event (%s)." % (why,)),
+                stop=False,
+            )
+        elif not (self.message_stop_seen or self.error_event_seen):
+            self._fail(
+                RelayError(502, "The upstream stream was cut before message_stop (%s)." % (why,)),
+                stop=False,
+            )
+        else:
+            self.done.callback(None)
+
+    # -- IPushProducer ---------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        """The client is slow: pause the upstream and hold buffered events."""
+        if self.done.called:
+            return
+        self._paused = True
+        # The silence that follows is ours, not the upstream's.
+        self._cancel_timers()
+        if self.transport is not None:
+            self.transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        """Resume the upstream and write the events held meanwhile."""
+        if self.done.called or not self._paused:
+            return
+        self._paused = False
+        if self.transport is not None:
+            self.transport.resumeProducing()
+            self._start_timers()
+        self._drain()
+
+    def stopProducing(self) -> None:
+        """The client went away: stop the upstream; ``done`` fails with ``CancelledError``."""
+        if self.done.called:
+            return
+        self._cancel_timers()
+        if self.transport is not None:
+            self.transport.stopProducing()
+        self.done.errback(Failure(CancelledError("The client went away.")))
+
+    # -- the hot path ------------------------------------------------------
+
+    def _drain(self) -> None:
+        # Re-entry (a write that pauses and resumes us, say) only marks more
+        # work for the outer call, as LineReceiver does.
+        if self._busy:
+            self._again = True
+            return
+        self._busy = True
+        try:
+            while True:
+                self._again = False
+                if self._held:
+                    for data in self._held:
+                        self._framer._append(data)
+                    del self._held[:]
+                if self._paused or self.done.called:
+                    break
+                self._take_events()
+                if not self._again:
+                    break
+        except Exception:
+            self._internal_failure()
+        finally:
+            self._busy = False
+
+    def _take_events(self) -> None:
+        """Write every complete buffered event: one write, one slice when clean."""
+        framer = self._framer
+        buf = framer._buf
+        next_end = framer._next_end
+        out_start = framer._start
+        pieces = None
+        too_large = None
+        while not self._paused:
+            start = framer._start
+            try:
+                end = next_end()
+            except EventTooLarge as e:
+                too_large = e
+                break
+            if end < 0:
+                break
+            self.events_received += 1
+            name = _event_name_at(buf, start, end)
+            if name in _PARSED:
+                replacement = self._decide(name, _copy(buf, start, end))
+                if replacement is not None:
+                    if pieces is None:
+                        pieces = []
+                    pieces.append(_copy(buf, out_start, start))
+                    pieces.append(replacement)
+                    out_start = end
+            elif name == _MESSAGE_STOP:
+                self.message_stop_seen = True
+        stop = framer._start
+        if pieces is None:
+            out = _copy(buf, out_start, stop)
+        else:
+            pieces.append(_copy(buf, out_start, stop))
+            out = b"".join(pieces)
+        framer._compact()
+        if out:
+            self._send(out)
+        if too_large is not None:
+            self._fail(RelayError(502, "The upstream sent an event larger than %d bytes." % (too_large.limit,)))
+
+    def _decide(self, name: bytes, raw: bytes) -> bytes | None:
+        """
+        Parse one event that may carry ids; return its new bytes when the
+        translator changed it, else ``None`` (the original bytes stay).
+        """
+        try:
+            payload = ujson.loads(parse_event(raw)[1])
+        except ValueError:
+            self.log.warn("An upstream {name} event is not JSON; passed through.", name=name)
+            return None
+        if not isinstance(payload, dict):
+            return None
+        if name == _ERROR:
+            self.error_event_seen = True
+            if self._on_error_event is not None:
+                self._on_error_event(payload)
+            return None
+        translator = self._translator
+        if translator is None:
+            return None
+        if name == _CONTENT_BLOCK_START:
+            part = payload.get("content_block")
+            if not isinstance(part, dict):
+                return None
+            recorded = len(translator.rewrites)
+            changed = translator.translate_block(part)
+        else:
+            part = payload.get("message")
+            if not isinstance(part, dict):
+                return None
+            recorded = len(translator.rewrites)
+            changed = translator.translate_message(part)
+        if self._on_rewrite is not None:
+            for rewrite in translator.rewrites[recorded:]:
+                self._on_rewrite(rewrite)
+        if not changed:
+            return None
+        self.events_rewritten += 1
+        return b"event: " + name + b"\ndata: " + _dumps(payload) + b"\n\n"
+
+    def _send(self, data: bytes) -> None:
+        self.bytes_written += len(data)
+        self._write(data)
+
+    # -- timers and endings -----------------------------------------------
+
+    def _start_timers(self) -> None:
+        now = self._clock.seconds()
+        self._last_byte = self._quiet_since = now
+        if self._idle_timeout is not None and self._idle_call is None:
+            self._idle_call = self._clock.callLater(self._idle_timeout, self._idle_check)
+        if self._ping_interval is not None and self._ping_call is None:
+            self._ping_call = self._clock.callLater(self._ping_interval, self._ping_check)
+
+    def _cancel_timers(self) -> None:
+        for call in (self._idle_call, self._ping_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._idle_call = self._ping_call = None
+
+    # Timers are not reset on every chunk (that would cost a heap operation
+    # per chunk): each one, when it fires, looks at the time of the last byte
+    # and sleeps again for what is left.
+
+    def _idle_check(self) -> None:
+        left = self._last_byte + self._idle_timeout - self._clock.seconds()
+        if left > 0:
+            self._idle_call = self._clock.callLater(left, self._idle_check)
+            return
+        self._idle_call = None
+        self._fail(
+            RelayError(
+                504,
+                "The upstream sent nothing for %g seconds." % (self._idle_timeout,),
+                "timeout_error",
+            )
+        )
+
+    def _ping_check(self) -> None:
+        now = self._clock.seconds()
+        left = self._quiet_since + self._ping_interval - now
+        if left <= 0:
+            # The client has only ever received whole events, so a ping
+            # always falls between two of them.
+            self.pings_sent += 1
+            self._send(PING_EVENT)
+            self._quiet_since = now
+            left = self._ping_interval
+        if not self.done.called and self._ping_call is not None:
+            self._ping_call = self._clock.callLater(left, self._ping_check)
+
+    def _fail(self, error: RelayError, stop: bool = True) -> None:
+        if self.done.called:
+            return
+        self._cancel_timers()
+        if stop and self.transport is not None:
+            self.transport.stopProducing()
+        self.done.errback(Failure(error))
+
+    def _internal_failure(self) -> None:
+        self.log.failure("The SSE gate failed")
+        self._fail(RelayError(500, "The relay failed while streaming the answer."))
