@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import treq
 import ujson
 from klein import Klein
+from klein.interfaces import IKleinRequest
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
@@ -191,7 +192,7 @@ class RelayApp:
             self._log_repairs(request_id, translation)
             upstream_body = _dumps(translation.upstream_body) if translation.changed else raw
             headers = upstream_request_headers(request.requestHeaders, self._config.upstream_key)
-            path = request.uri.decode("latin-1")
+            path = _upstream_path(request)
             response = await self._client.request(b"POST", path, headers, upstream_body)
         except RelayError as e:
             self._log_request(request, request_id, e.status, started, error=e.message)
@@ -310,7 +311,7 @@ class RelayApp:
         headers = upstream_request_headers(request.requestHeaders, self._config.upstream_key)
         try:
             response = await self._client.request(
-                request.method, request.uri.decode("latin-1"), headers, None
+                request.method, _upstream_path(request), headers, None
             )
             answer = await self._read_upstream_body(response)
         except RelayError as e:
@@ -394,6 +395,19 @@ class _Exchange:
     upstream_headers: Headers
     upstream_body: bytes
     translation: object
+
+
+def _upstream_path(request) -> str:
+    """
+    The client's path and query string, relative to where the relay is
+    mounted: ``/relay/v1/messages?beta=true`` under ``/relay`` is
+    ``/v1/messages?beta=true`` upstream.
+    """
+    uri = request.uri.decode("latin-1")
+    mount = IKleinRequest(request).mapper.script_name.rstrip("/")
+    if mount and uri.startswith(mount):
+        uri = uri[len(mount):]
+    return uri
 
 
 def _whole(request, body: bytes) -> bytes:
