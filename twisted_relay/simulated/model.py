@@ -1,0 +1,774 @@
+# -*- test-case-name: tests.test_simulated -*-
+"""
+The pure part of the simulated upstream: request checks, the fake model and
+the SSE byte stream.
+
+Nothing here imports Twisted, so the subtle parts (what a strict backend
+rejects, when the model reuses an id, where a stream is cut) can be tested
+and read on their own.  Every random choice comes from a
+:class:`random.Random` seeded with the upstream's seed and the request's
+content, never from global state: a restarted upstream answers the same
+request the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from bisect import bisect_right
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import ujson
+
+__all__ = [
+    "ID_STYLES",
+    "LINE_ENDINGS",
+    "MODELS",
+    "MODES",
+    "ConversationLedger",
+    "ModelOptions",
+    "Rejection",
+    "check_shape",
+    "check_strict_ids",
+    "compose_answer",
+    "conversation_key",
+    "count_tokens",
+    "declaration_ids",
+    "encode_events",
+    "message_events",
+    "plan_chunks",
+    "request_rng",
+    "seeded_rng",
+]
+
+#: The validation modes of the simulated upstream.
+MODES = ("strict", "stateful", "lenient")
+
+#: ``toolu``: canonical Anthropic ids; ``kimi``: ``functions.<name>:<idx>``.
+ID_STYLES = ("toolu", "kimi")
+
+#: Line endings an SSE stream may use.
+LINE_ENDINGS = ("\n", "\r\n", "\r")
+
+#: The models listed by ``GET /v1/models``, newest first as Anthropic lists them.
+MODELS = (
+    {
+        "type": "model",
+        "id": "claude-opus-4-1-20250805",
+        "display_name": "Claude Opus 4.1",
+        "created_at": "2025-08-05T00:00:00Z",
+    },
+    {
+        "type": "model",
+        "id": "claude-sonnet-4-5-20250929",
+        "display_name": "Claude Sonnet 4.5",
+        "created_at": "2025-09-29T00:00:00Z",
+    },
+    {
+        "type": "model",
+        "id": "claude-haiku-4-5-20251001",
+        "display_name": "Claude Haiku 4.5",
+        "created_at": "2025-10-01T00:00:00Z",
+    },
+    {
+        "type": "model",
+        "id": "claude-3-5-haiku-20241022",
+        "display_name": "Claude Haiku 3.5",
+        "created_at": "2024-10-22T00:00:00Z",
+    },
+)
+
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_TOOL_USE_PATTERN = "^[a-zA-Z0-9_-]+$"
+_SERVER_TOOL_USE_PATTERN = "^srvtoolu_[a-zA-Z0-9_]+$"
+_TOOL_USE_RE = re.compile(r"[a-zA-Z0-9_-]+")
+_SERVER_TOOL_USE_RE = re.compile(r"srvtoolu_[a-zA-Z0-9_]+")
+
+# Text the fake model says.  Several phrases are not ASCII on purpose, so
+# that split streams cut through multi-byte UTF-8 characters.
+_TOOL_PHRASES = (
+    "Je vérifie ça tout de suite.",
+    "Let me look that up — one moment.",
+    "東京の状況を確認します。",
+    "Prüfe die Datei in Zürich …",
+    "Running the next step 🔧",
+    "Voy a comprobarlo, señor.",
+)
+_FINAL_PHRASES = (
+    "Voilà — c'est terminé. ✅",
+    "All done: everything checks out.",
+    "完了しました。ありがとうございます。",
+    "Fertig, die Prüfung ist abgeschlossen.",
+)
+_WORDS = ("Zürich", "東京", "naïve café", "São Paulo", "Kraków", "report.txt", "ls -la", "🌧️ forecast")
+_SEARCHES = ("météo à Genève", "tool use ids", "Twisted SSE", "東京 天気")
+
+
+class Rejection(Exception):
+    """
+    A request the simulated upstream refuses, as an Anthropic error.
+
+    :ivar status: the HTTP status.
+    :ivar error_type: the Anthropic ``error.type``.
+    :ivar message: the ``error.message``, in Anthropic's wording where known.
+    """
+
+    def __init__(self, status: int, error_type: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+def _invalid(message: str) -> Rejection:
+    return Rejection(400, "invalid_request_error", message)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """
+    How the fake model behaves.
+
+    :ivar seed: the seed every random choice starts from.
+    :ivar reuse_every: every ``reuse_every``-th tool call of a conversation
+        copies an id from the context (0: never).
+    :ivar id_style: ``toolu`` or ``kimi``.
+    :ivar parallel: tool_use blocks per answer.
+    :ivar server_tools: add a ``server_tool_use`` and its
+        ``web_search_tool_result`` to every answer.
+    :ivar lookalikes: sometimes emit ``X-2`` natively, ``X`` from the history.
+    """
+
+    seed: int = 0
+    reuse_every: int = 3
+    id_style: str = "toolu"
+    parallel: int = 1
+    server_tools: bool = False
+    lookalikes: bool = False
+
+    def __post_init__(self) -> None:
+        if self.reuse_every < 0:
+            raise ValueError("reuse_every must be 0 or more")
+        if self.id_style not in ID_STYLES:
+            raise ValueError(f"id_style must be one of {', '.join(ID_STYLES)}")
+        if self.parallel < 1:
+            raise ValueError("parallel must be 1 or more")
+
+
+# -- walking a conversation ---------------------------------------------------
+
+
+def _messages(body: Any) -> list:
+    messages = body.get("messages") if isinstance(body, dict) else None
+    return messages if isinstance(messages, list) else []
+
+
+def _blocks(message: Any) -> list[dict]:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return []
+    return [block for block in content if isinstance(block, dict)]
+
+
+def _is_declaration(block: dict) -> bool:
+    kind = block.get("type")
+    return isinstance(kind, str) and (kind == "tool_use" or kind.endswith("_tool_use"))
+
+
+def _is_reference(block: dict) -> bool:
+    return not _is_declaration(block) and "tool_use_id" in block
+
+
+def declaration_ids(messages: Sequence[Any], kind: str | None = None) -> list[str]:
+    """
+    The ids of the declarations in ``messages``, in walk order.
+
+    :param kind: only declarations of this block type (all when ``None``).
+    """
+    return [
+        block.get("id")
+        for message in messages
+        for block in _blocks(message)
+        if _is_declaration(block) and (kind is None or block.get("type") == kind)
+    ]
+
+
+def _canonical(value: Any) -> bytes:
+    return ujson.dumps(value, sort_keys=True, ensure_ascii=False).encode("utf-8")
+
+
+def conversation_key(session_id: str | None, body: Any) -> str:
+    """
+    The key a stateful backend files a conversation under.
+
+    :param session_id: the ``x-claude-code-session-id`` header, if sent.
+    :param body: the parsed request; without a session id its first message
+        is hashed.
+    """
+    if session_id:
+        return "session:" + session_id
+    messages = _messages(body)
+    first = messages[0] if messages else None
+    return "first:" + hashlib.sha256(_canonical(first)).hexdigest()
+
+
+def seeded_rng(*parts: Any) -> random.Random:
+    """A random generator that is a function of ``parts`` (JSON values) alone."""
+    digest = hashlib.sha256(_canonical(list(parts))).digest()
+    return random.Random(int.from_bytes(digest[:16], "big"))
+
+
+def request_rng(seed: int, body: Any) -> random.Random:
+    """
+    The random generator of the answer to ``body``, derived from the seed
+    and what the model reads (messages, system, tools, tool_choice).
+
+    Fields that do not change the answer (``stream``, ``max_tokens``,
+    ``metadata``) are left out, so a streamed and a non-streamed request
+    get the same answer; keys are sorted, so re-serialising the body does
+    not change it either.
+    """
+    if isinstance(body, dict):
+        read = {key: body.get(key) for key in ("messages", "system", "tools", "tool_choice")}
+    else:
+        read = None
+    return seeded_rng(seed, "answer", read)
+
+
+# -- strict and stateful checks -----------------------------------------------
+
+
+def check_shape(body: Any, *, for_count: bool = False) -> None:
+    """
+    Reject a request whose top-level shape a real backend would refuse.
+
+    :param for_count: the body is for ``count_tokens``, which has no
+        ``max_tokens``.
+    :raises Rejection: with pydantic-style locations, as Anthropic words them.
+    """
+    if not isinstance(body, dict):
+        raise _invalid("Input should be a valid dictionary")
+    if "model" not in body:
+        raise _invalid("model: Field required")
+    if not isinstance(body["model"], str):
+        raise _invalid("model: Input should be a valid string")
+    if not for_count:
+        if "max_tokens" not in body:
+            raise _invalid("max_tokens: Field required")
+        max_tokens = body["max_tokens"]
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            raise _invalid("max_tokens: Input should be a valid integer")
+        if max_tokens < 1:
+            raise _invalid("max_tokens: Input should be greater than or equal to 1")
+        if "stream" in body and not isinstance(body["stream"], bool):
+            raise _invalid("stream: Input should be a valid boolean")
+    if "tools" in body and not isinstance(body["tools"], list):
+        raise _invalid("tools: Input should be a valid list")
+    if "messages" not in body:
+        raise _invalid("messages: Field required")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise _invalid("messages: Input should be a valid list")
+    if not messages:
+        raise _invalid("messages: at least one message is required")
+    for n, message in enumerate(messages):
+        _check_message_shape(n, message)
+
+
+def _check_message_shape(n: int, message: Any) -> None:
+    if not isinstance(message, dict):
+        raise _invalid(f"messages.{n}: Input should be a valid dictionary")
+    if message.get("role") not in ("user", "assistant"):
+        raise _invalid(f"messages.{n}.role: Input should be 'user' or 'assistant'")
+    if "content" not in message:
+        raise _invalid(f"messages.{n}.content: Field required")
+    content = message["content"]
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _invalid(f"messages.{n}.content: Input should be a valid list")
+    for m, block in enumerate(content):
+        if not isinstance(block, dict):
+            raise _invalid(f"messages.{n}.content.{m}: Input should be a valid dictionary")
+        if not isinstance(block.get("type"), str):
+            raise _invalid(f"messages.{n}.content.{m}.type: Field required")
+
+
+def _check_declaration_pattern(n: int, m: int, block: dict) -> None:
+    kind = block["type"]
+    value = block.get("id")
+    if kind == "server_tool_use":
+        regex, pattern = _SERVER_TOOL_USE_RE, _SERVER_TOOL_USE_PATTERN
+    else:
+        regex, pattern = _TOOL_USE_RE, _TOOL_USE_PATTERN
+    if not isinstance(value, str) or regex.fullmatch(value) is None:
+        raise _invalid(
+            f"messages.{n}.content.{m}.{kind}.id: String should match pattern '{pattern}'"
+        )
+
+
+def _unexpected_result(n: int, m: int, block: dict) -> Rejection:
+    if block["type"] == "tool_result":
+        return _invalid(
+            f"messages.{n}.content.{m}: unexpected `tool_use_id` found in `tool_result` "
+            f"blocks: {block.get('tool_use_id')}. Each `tool_result` block must have a "
+            "corresponding `tool_use` block in the previous message."
+        )
+    # Anthropic's wording for a server-tool result without its call is not
+    # known; this follows the tool_result sentence.
+    return _invalid(
+        f"messages.{n}.content.{m}: unexpected `tool_use_id` found in `{block['type']}` "
+        f"blocks: {block.get('tool_use_id')}. Each `{block['type']}` block must have a "
+        "corresponding `server_tool_use` block before it in the same message."
+    )
+
+
+def check_strict_ids(messages: Sequence[dict]) -> None:
+    """
+    Reject tool ids the way a stateless, strict backend does.
+
+    Declarations must match their type's pattern and be unique across the
+    whole history; a ``tool_result`` must answer a ``tool_use`` of the
+    previous message; every ``tool_use`` of an assistant message must be
+    answered in the next message; a server-tool result must follow its
+    ``server_tool_use`` in the same message.  ``messages`` must already have
+    passed :func:`check_shape`.
+
+    :raises Rejection: for the first fault in walk order.
+    """
+    seen: set[str] = set()
+    previous_calls: list[str] = []
+    for n, message in enumerate(messages):
+        calls: list[str] = []
+        answered: set[str] = set()
+        for m, block in enumerate(_blocks(message)):
+            if _is_declaration(block):
+                _check_declaration_pattern(n, m, block)
+                if block["id"] in seen:
+                    raise _invalid(f"messages.{n}.content.{m}: `tool_use` ids must be unique")
+                seen.add(block["id"])
+                calls.append(block["id"])
+            elif _is_reference(block):
+                target = block["tool_use_id"]
+                if block["type"] == "tool_result":
+                    if not isinstance(target, str) or _TOOL_USE_RE.fullmatch(target) is None:
+                        raise _invalid(
+                            f"messages.{n}.content.{m}.tool_result.tool_use_id: "
+                            f"String should match pattern '{_TOOL_USE_PATTERN}'"
+                        )
+                    if target not in previous_calls:
+                        raise _unexpected_result(n, m, block)
+                    answered.add(target)
+                elif target not in calls:
+                    raise _unexpected_result(n, m, block)
+        missing = [call for call in previous_calls if call not in answered]
+        if missing:
+            raise _invalid(
+                f"messages.{n - 1}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {', '.join(missing)}. Each `tool_use` block must have "
+                "a corresponding `tool_result` block in the next message."
+            )
+        previous_calls = [
+            block["id"]
+            for block in _blocks(message)
+            if block.get("type") == "tool_use" and message.get("role") == "assistant"
+        ]
+
+
+class ConversationLedger:
+    """
+    What a stateful backend remembers: per conversation, the declaration ids
+    it issued, in walk order.
+
+    Such a backend accepts duplicate ids (it matches results to calls by
+    occurrence order), but it notices any id it did not issue for a block:
+    a relay that mangles ids towards it is caught.
+
+    :param capacity: conversations kept; the least recently used go first.
+    """
+
+    def __init__(self, capacity: int = 1024):
+        self._capacity = capacity
+        self._issued: OrderedDict[str, list[str]] = OrderedDict()
+
+    def issued(self, key: str) -> list[str] | None:
+        """The ids issued in conversation ``key``, or ``None`` if unknown."""
+        ids = self._issued.get(key)
+        return None if ids is None else list(ids)
+
+    def check(self, key: str, messages: Sequence[dict]) -> None:
+        """
+        Reject a history that does not carry exactly the issued ids.
+
+        :raises Rejection: for the first fault in walk order.
+        """
+        issued = self._issued.get(key)
+        known = set(issued or ())
+        position = 0
+        previous_calls: Counter[str] = Counter()
+        for n, message in enumerate(messages):
+            calls: Counter[str] = Counter()
+            for m, block in enumerate(_blocks(message)):
+                where = f"messages.{n}.content.{m}"
+                if _is_declaration(block):
+                    value = block.get("id")
+                    if issued is None:
+                        raise _invalid(
+                            f"{where}: `{block['type']}` id {value} belongs to no "
+                            "conversation this server knows"
+                        )
+                    if not isinstance(value, str) or value not in known:
+                        raise _invalid(f"{where}: `{block['type']}` id {value} was never issued")
+                    expected = issued[position] if position < len(issued) else None
+                    if value != expected:
+                        raise _invalid(
+                            f"{where}: `{block['type']}` id {value} is not the id issued "
+                            f"for this block (expected {expected})"
+                        )
+                    position += 1
+                    calls[value] += 1
+                elif _is_reference(block):
+                    target = block["tool_use_id"]
+                    if not isinstance(target, str) or target not in known:
+                        raise _invalid(f"{where}: `tool_use_id` {target} was never issued")
+                    # Results are matched to calls by occurrence order: each
+                    # consumes one open call with its id.
+                    open_calls = previous_calls if block["type"] == "tool_result" else calls
+                    if open_calls[target] < 1:
+                        raise _unexpected_result(n, m, block)
+                    open_calls[target] -= 1
+            previous_calls = calls if message.get("role") == "assistant" else Counter()
+
+    def record(self, key: str, ids: Sequence[str]) -> None:
+        """
+        Remember ``ids`` (the history's declarations then the answer's) as
+        conversation ``key``.  A retried or edited turn overwrites what
+        followed it.
+        """
+        self._issued[key] = list(ids)
+        self._issued.move_to_end(key)
+        while len(self._issued) > self._capacity:
+            self._issued.popitem(last=False)
+
+
+# -- the fake model -----------------------------------------------------------
+
+
+def _random_id(prefix: str, rng: random.Random) -> str:
+    return prefix + "".join(rng.choice(_BASE62) for _ in range(22))
+
+
+def _client_tools(body: dict) -> list[dict]:
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    return [
+        tool
+        for tool in tools
+        if isinstance(tool, dict)
+        and isinstance(tool.get("name"), str)
+        and tool.get("type", "custom") == "custom"
+    ]
+
+
+def _value_for(schema: Any, rng: random.Random, depth: int) -> Any:
+    schema = schema if isinstance(schema, dict) else {}
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return rng.choice(schema["enum"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = kind[0] if kind else None
+    if kind == "integer":
+        return rng.randint(1, 500)
+    if kind == "number":
+        return round(rng.uniform(0, 100), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "array" and depth < 3:
+        return [_value_for(schema.get("items"), rng, depth + 1) for _ in range(rng.randint(1, 2))]
+    if kind == "object" and depth < 3:
+        return _input_for(schema, rng, depth + 1)
+    return rng.choice(_WORDS)
+
+
+def _input_for(schema: Any, rng: random.Random, depth: int = 0) -> dict:
+    schema = schema if isinstance(schema, dict) else {}
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return {}
+    required = schema.get("required")
+    required = set(required) if isinstance(required, list) else set()
+    return {
+        name: _value_for(prop, rng, depth)
+        for name, prop in properties.items()
+        if name in required or rng.random() < 0.5
+    }
+
+
+class _IdSource:
+    """
+    Chooses the ids of one answer, as a model that copies from its context.
+
+    :ivar answer_ids: ids this answer has declared so far, by block type.
+    """
+
+    def __init__(self, options: ModelOptions, messages: list, rng: random.Random):
+        self._options = options
+        self._rng = rng
+        self._history = {
+            kind: [value for value in declaration_ids(messages, kind) if isinstance(value, str)]
+            for kind in ("tool_use", "server_tool_use")
+        }
+        self._calls = {kind: len(ids) for kind, ids in self._history.items()}
+        self.answer_ids: dict[str, list[str]] = {"tool_use": [], "server_tool_use": []}
+
+    def next_id(self, kind: str, name: str) -> str:
+        self._calls[kind] += 1
+        if kind == "tool_use" and self._options.id_style == "kimi":
+            # Kimi-family models number calls within the turn, so the same
+            # ids come back every turn; no copying is needed to collide.
+            chosen = f"functions.{name}:{len(self.answer_ids[kind])}"
+        else:
+            chosen = self._copied(kind) or self._lookalike(kind) or self._fresh(kind)
+        self.answer_ids[kind].append(chosen)
+        return chosen
+
+    def _copied(self, kind: str) -> str | None:
+        every = self._options.reuse_every
+        if not every or self._calls[kind] % every:
+            return None
+        history, answer = self._history[kind], self.answer_ids[kind]
+        if answer and (not history or self._rng.random() < 0.5):
+            return self._rng.choice(answer)
+        return self._rng.choice(history) if history else None
+
+    def _lookalike(self, kind: str) -> str | None:
+        history = self._history[kind]
+        if not self._options.lookalikes or not history or self._rng.random() >= 1 / 3:
+            return None
+        separator = "-" if kind == "tool_use" else "_"
+        candidate = self._rng.choice(history) + separator + "2"
+        if candidate in history or candidate in self.answer_ids[kind]:
+            return None
+        return candidate
+
+    def _fresh(self, kind: str) -> str:
+        prefix = "toolu_01" if kind == "tool_use" else "srvtoolu_01"
+        return _random_id(prefix, self._rng)
+
+
+def _estimate_tokens(value: Any) -> int:
+    # The length of JSON does not depend on key order: no sorting needed.
+    return max(1, len(ujson.dumps(value, ensure_ascii=False)) // 4)
+
+
+def count_tokens(body: Any) -> int:
+    """The input-token count the fake model reports for ``body``."""
+    if not isinstance(body, dict):
+        return 1
+    return _estimate_tokens(
+        [body.get("system"), body.get("tools"), body.get("messages")]
+    )
+
+
+def _tool_choice_allows_tools(body: dict) -> bool:
+    choice = body.get("tool_choice")
+    return not (isinstance(choice, dict) and choice.get("type") == "none")
+
+
+def _chosen_tool(body: dict, tools: list[dict], rng: random.Random) -> dict:
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "tool":
+        for tool in tools:
+            if tool["name"] == choice.get("name"):
+                return tool
+    return rng.choice(tools)
+
+
+def _server_tool_blocks(ids: _IdSource, rng: random.Random) -> list[dict]:
+    query = rng.choice(_SEARCHES)
+    call_id = ids.next_id("server_tool_use", "web_search")
+    page = rng.randint(1, 999)
+    return [
+        {"type": "server_tool_use", "id": call_id, "name": "web_search", "input": {"query": query}},
+        {
+            "type": "web_search_tool_result",
+            "tool_use_id": call_id,
+            "content": [
+                {
+                    "type": "web_search_result",
+                    "url": f"https://example.com/results/{page}",
+                    "title": f"Résultat {page}: {query}",
+                    "encrypted_content": _random_id("Eu", rng),
+                    "page_age": None,
+                }
+            ],
+        },
+    ]
+
+
+def compose_answer(body: Any, options: ModelOptions) -> dict:
+    """
+    The assistant message the fake model answers ``body`` with.
+
+    With client tools in the request: a short text block then
+    ``options.parallel`` ``tool_use`` blocks (``stop_reason`` ``tool_use``);
+    without: a text answer (``end_turn``).  ``options.server_tools`` adds a
+    web search and its result.  Deterministic in ``options.seed`` and the
+    request's content.
+    """
+    body = body if isinstance(body, dict) else {}
+    messages = _messages(body)
+    rng = request_rng(options.seed, body)
+    ids = _IdSource(options, messages, rng)
+    tools = _client_tools(body) if _tool_choice_allows_tools(body) else []
+    step = len(messages) // 2 + 1
+    content: list[dict] = []
+    if options.server_tools:
+        content.extend(_server_tool_blocks(ids, rng))
+    if tools:
+        content.append({"type": "text", "text": f"{rng.choice(_TOOL_PHRASES)} (step {step})"})
+        for _ in range(options.parallel):
+            tool = _chosen_tool(body, tools, rng)
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": ids.next_id("tool_use", tool["name"]),
+                    "name": tool["name"],
+                    "input": _input_for(tool.get("input_schema"), rng),
+                }
+            )
+        stop_reason = "tool_use"
+    else:
+        content.append({"type": "text", "text": f"{rng.choice(_FINAL_PHRASES)} (step {step})"})
+        stop_reason = "end_turn"
+    model = body.get("model")
+    return {
+        "id": _random_id("msg_01", rng),
+        "type": "message",
+        "role": "assistant",
+        "model": model if isinstance(model, str) else MODELS[0]["id"],
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {"input_tokens": count_tokens(body), "output_tokens": _estimate_tokens(content)},
+    }
+
+
+# -- the SSE stream -----------------------------------------------------------
+
+
+def _dumps(value: Any) -> str:
+    return ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False)
+
+
+def _pieces(text: str, rng: random.Random, leading_empty: bool) -> list[str]:
+    """``text`` cut at 1 to 3 places (whole characters: deltas are JSON)."""
+    count = max(0, min(len(text) - 1, rng.randint(1, 3)))
+    cuts = sorted(rng.sample(range(1, len(text)), count))
+    bounds = [0, *cuts, len(text)]
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [""] + pieces if leading_empty else pieces
+
+
+def _block_events(index: int, block: dict, rng: random.Random) -> Iterator[tuple[str, dict]]:
+    kind = block["type"]
+    if kind == "text":
+        start: dict = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"], rng, False)]
+    elif _is_declaration(block):
+        start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
+        deltas = [
+            {"type": "input_json_delta", "partial_json": piece}
+            for piece in _pieces(_dumps(block["input"]), rng, rng.random() < 0.5)
+        ]
+    else:
+        # Server-tool results arrive whole in content_block_start.
+        start, deltas = block, []
+    yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": start}
+    if index == 0:
+        yield "ping", {"type": "ping"}
+    for delta in deltas:
+        yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+    yield "content_block_stop", {"type": "content_block_stop", "index": index}
+
+
+def message_events(message: dict, rng: random.Random) -> list[tuple[str, dict]]:
+    """
+    The Anthropic SSE events that stream ``message``, in order: message_start,
+    per block start/deltas/stop (a ping after the first start), message_delta,
+    message_stop.  Text and tool input are cut into several deltas.
+    """
+    started = dict(message, content=[], stop_reason=None, stop_sequence=None)
+    started["usage"] = dict(message["usage"], output_tokens=1)
+    events: list[tuple[str, dict]] = [("message_start", {"type": "message_start", "message": started})]
+    for index, block in enumerate(message["content"]):
+        events.extend(_block_events(index, block, rng))
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": message["usage"]["output_tokens"]},
+            },
+        )
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def encode_events(events: Sequence[tuple[str, dict]], line_ending: str = "\n") -> tuple[bytes, list[int]]:
+    """
+    Serialise SSE events.
+
+    :return: the bytes, and the offset where each event starts.
+    """
+    if line_ending not in LINE_ENDINGS:
+        raise ValueError("line_ending must be one of \\n, \\r\\n, \\r")
+    chunks, starts, offset = [], [], 0
+    for name, data in events:
+        encoded = f"event: {name}{line_ending}data: {_dumps(data)}{line_ending}{line_ending}".encode("utf-8")
+        starts.append(offset)
+        chunks.append(encoded)
+        offset += len(encoded)
+    return b"".join(chunks), starts
+
+
+def plan_chunks(
+    data: bytes, event_starts: Sequence[int], rng: random.Random | None
+) -> list[tuple[int, bytes]]:
+    """
+    Cut an encoded stream into the pieces to write.
+
+    Without ``rng``, one piece per event.  With it, cuts fall at odd places:
+    inside each event, across some event boundaries (a piece may end one
+    event and begin the next), inside a multi-byte UTF-8 character when
+    there is one, and between the two bytes of a ``\\r\\n`` when there is one.
+
+    :return: ``(event index, bytes)`` pairs, the index being the last event
+        the piece touches, so a paced writer can send it once that event is
+        due.
+    """
+    bounds = list(event_starts[1:])
+    if rng is not None:
+        cuts = set(bound for bound in bounds if rng.random() < 0.5)
+        ends = [*event_starts[1:], len(data)]
+        for start, end in zip(event_starts, ends):
+            if end - start > 1:
+                cuts.update(rng.sample(range(start + 1, end), min(end - start - 1, rng.randint(1, 2))))
+        inside_character = [i for i, byte in enumerate(data) if byte & 0xC0 == 0x80]
+        if inside_character:
+            cuts.add(rng.choice(inside_character))
+        inside_crlf = [i + 1 for i in range(len(data) - 1) if data[i : i + 2] == b"\r\n"]
+        if inside_crlf:
+            cuts.add(rng.choice(inside_crlf))
+        bounds = sorted(cuts)
+    edges = [0, *bounds, len(data)]
+    return [
+        (bisect_right(event_starts, end - 1) - 1, data[start:end])
+        for start, end in zip(edges, edges[1:])
+    ]

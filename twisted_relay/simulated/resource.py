@@ -1,0 +1,462 @@
+# -*- test-case-name: tests.test_simulated -*-
+"""
+The simulated upstream as a twisted.web resource.
+
+:class:`SimulatedUpstream` holds the options and the little state a backend
+has (the stateful ledger, the last requests received); its
+:meth:`~SimulatedUpstream.resource` is the root resource to serve, in a
+:class:`twisted.web.server.Site` of its own or mounted in another one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections import deque
+from typing import Any, NamedTuple
+from urllib.parse import parse_qs
+
+import ujson
+from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import NOT_DONE_YET
+from zope.interface import implementer
+
+from twisted_relay.errors import error_body
+from twisted_relay.simulated.model import (
+    LINE_ENDINGS,
+    MODELS,
+    MODES,
+    ConversationLedger,
+    ModelOptions,
+    Rejection,
+    check_shape,
+    check_strict_ids,
+    compose_answer,
+    conversation_key,
+    count_tokens,
+    declaration_ids,
+    encode_events,
+    message_events,
+    plan_chunks,
+    seeded_rng,
+)
+
+__all__ = ["ReceivedRequest", "SimulatedUpstream"]
+
+#: Anthropic's request body limit.
+MAX_BODY = 32 * 1024 * 1024
+
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+class ReceivedRequest(NamedTuple):
+    """
+    One request as the simulated upstream received it.
+
+    :ivar method: e.g. ``"POST"``.
+    :ivar path: the request target as sent, query string included
+        (``/v1/messages?beta=true``).
+    :ivar headers: lower-case names; repeated headers joined with ``", "``.
+    :ivar body: the parsed JSON body, or ``None`` (empty or not JSON).
+    """
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+def _json(value: Any) -> bytes:
+    return ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
+
+
+class SimulatedUpstream:
+    """
+    A fake Anthropic Messages backend whose model reuses tool-use ids.
+
+    :param mode: ``strict`` (reject what a stateless backend rejects),
+        ``stateful`` (remember issued ids, demand them back exactly) or
+        ``lenient`` (accept anything).
+    :param seed: every answer is a function of the seed and the request.
+    :param reuse_every: every ``reuse_every``-th tool call of a conversation
+        copies an id from its history (0: never).
+    :param id_style: ``toolu`` or ``kimi`` (``functions.<name>:<idx>``).
+    :param event_delay: seconds between two SSE events.
+    :param split: write streams in pieces cut at odd places.
+    :param reactor: the clock that paces streams; the global reactor when
+        ``None``.  Streams are always written from timers, so with an
+        in-memory client pass a ``Clock`` and advance it.
+    :param parallel: ``tool_use`` blocks per answer.
+    :param server_tools: add a web search and its result to every answer.
+    :param lookalikes: sometimes emit ``X-2`` natively, ``X`` from the history.
+    :param line_ending: ``"\\n"``, ``"\\r\\n"`` or ``"\\r"`` in streams.
+    :param require_key: if set, requests must carry it in ``x-api-key`` or
+        ``Authorization: Bearer``.
+    :param keep_requests: how many requests :attr:`requests` keeps.
+
+    :ivar requests: the last requests received, oldest first, as
+        :class:`ReceivedRequest`.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        mode: str = "strict",
+        seed: int = 0,
+        reuse_every: int = 3,
+        id_style: str = "toolu",
+        event_delay: float = 0.0,
+        split: bool = True,
+        reactor: IReactorTime | None = None,
+        *,
+        parallel: int = 1,
+        server_tools: bool = False,
+        lookalikes: bool = False,
+        line_ending: str = "\n",
+        require_key: str | None = None,
+        keep_requests: int = 100,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}")
+        if event_delay < 0:
+            raise ValueError("event_delay must be 0 or more")
+        if line_ending not in LINE_ENDINGS:
+            raise ValueError("line_ending must be one of \\n, \\r\\n, \\r")
+        self.mode = mode
+        self.options = ModelOptions(
+            seed=seed,
+            reuse_every=reuse_every,
+            id_style=id_style,
+            parallel=parallel,
+            server_tools=server_tools,
+            lookalikes=lookalikes,
+        )
+        self.event_delay = event_delay
+        self.split = split
+        self.line_ending = line_ending
+        self.requests: deque[ReceivedRequest] = deque(maxlen=keep_requests)
+        self._reactor = reactor
+        self._require_key = require_key
+        self._ledger = ConversationLedger()
+
+    def resource(self) -> IResource:
+        """The root resource: ``/v1/messages``, ``/v1/messages/count_tokens``,
+        ``/v1/models`` and ``/v1/models/{id}``; everything else is a 404."""
+        return _SimulatedResource(self)
+
+    @property
+    def reactor(self) -> IReactorTime:
+        """The clock streams are paced with."""
+        if self._reactor is None:
+            from twisted.internet import reactor
+
+            self._reactor = reactor  # type: ignore[assignment]
+        return self._reactor  # type: ignore[return-value]
+
+    # -- the endpoints, on parsed requests ------------------------------------
+
+    def check_key(self, headers: dict[str, str]) -> None:
+        """
+        :raises Rejection: 401 when a key is required and not presented.
+        """
+        if self._require_key is None:
+            return
+        presented = [headers.get("x-api-key")]
+        authorization = headers.get("authorization", "")
+        if authorization[:7].lower() == "bearer ":
+            presented.append(authorization[7:].strip())
+        if not any(
+            value is not None and hmac.compare_digest(value.encode(), self._require_key.encode())
+            for value in presented
+        ):
+            if presented == [None]:
+                raise Rejection(401, "authentication_error", "x-api-key header is required")
+            raise Rejection(401, "authentication_error", "invalid x-api-key")
+
+    def _check(self, body: Any, headers: dict[str, str], for_count: bool) -> str | None:
+        """Validate as the mode demands; return the stateful conversation key."""
+        if self.mode == "lenient":
+            return None
+        check_shape(body, for_count=for_count)
+        if self.mode == "strict":
+            check_strict_ids(body["messages"])
+            return None
+        key = conversation_key(headers.get("x-claude-code-session-id"), body)
+        self._ledger.check(key, body["messages"])
+        return key
+
+    def answer(self, body: Any, headers: dict[str, str]) -> dict:
+        """
+        Validate a Messages request and compose the model's answer; in
+        stateful mode, remember the ids it issues.
+
+        :raises Rejection: when the mode rejects the request.
+        """
+        key = self._check(body, headers, for_count=False)
+        message = compose_answer(body, self.options)
+        if key is not None:
+            self._ledger.record(
+                key, declaration_ids(body["messages"]) + declaration_ids([message])
+            )
+        return message
+
+    def count(self, body: Any, headers: dict[str, str]) -> dict:
+        """Validate a count_tokens request and count it.
+
+        :raises Rejection: when the mode rejects the request.
+        """
+        self._check(body, headers, for_count=True)
+        return {"input_tokens": count_tokens(body)}
+
+    def stream_pieces(self, message: dict) -> list[tuple[float, bytes]]:
+        """
+        The bytes that stream ``message``, as ``(seconds after the start,
+        bytes)`` pieces.  The message id (itself drawn from the answer's
+        seeded generator) seeds where deltas and pieces are cut.
+        """
+        seed = self.options.seed
+        events = message_events(message, seeded_rng(seed, "deltas", message["id"]))
+        data, starts = encode_events(events, self.line_ending)
+        rng = seeded_rng(seed, "chunks", message["id"]) if self.split else None
+        return [(index * self.event_delay, piece) for index, piece in plan_chunks(data, starts, rng)]
+
+
+def list_models(query: dict[str, list[str]]) -> dict:
+    """
+    ``GET /v1/models``: a page of :data:`MODELS`.
+
+    :param query: the parsed query string (``limit``, ``after_id``,
+        ``before_id``).
+    :raises Rejection: for a bad ``limit`` or an unknown cursor.
+    """
+    raw_limit = query.get("limit", ["20"])[-1]
+    try:
+        limit = int(raw_limit)
+    except ValueError:
+        raise Rejection(400, "invalid_request_error", "limit: Input should be a valid integer")
+    if not 1 <= limit <= 1000:
+        raise Rejection(
+            400, "invalid_request_error", "limit: Input should be between 1 and 1000"
+        )
+    ids = [model["id"] for model in MODELS]
+    start, end = 0, len(MODELS)
+    for name in ("after_id", "before_id"):
+        cursor = query.get(name, [None])[-1]
+        if cursor is None:
+            continue
+        if cursor not in ids:
+            raise Rejection(404, "not_found_error", f"model: {cursor}")
+        if name == "after_id":
+            start = ids.index(cursor) + 1
+        else:
+            end = ids.index(cursor)
+    window = list(MODELS[start:end])
+    if "before_id" in query and "after_id" not in query:
+        page = window[-limit:]
+        has_more = len(window) > limit
+    else:
+        page = window[:limit]
+        has_more = len(window) > limit
+    return {
+        "data": page,
+        "has_more": has_more,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+    }
+
+
+def get_model(model_id: str) -> dict:
+    """``GET /v1/models/{id}``.
+
+    :raises Rejection: 404 for an unknown model.
+    """
+    for model in MODELS:
+        if model["id"] == model_id:
+            return model
+    raise Rejection(404, "not_found_error", f"model: {model_id}")
+
+
+def _request_id() -> str:
+    # Request ids identify one exchange, so they are unique rather than
+    # seeded: a restarted upstream must not reuse them.
+    return "req_01" + "".join(secrets.choice(_BASE62) for _ in range(22))
+
+
+def _headers_of(request: IRequest) -> dict[str, str]:
+    return {
+        name.decode("latin-1").lower(): ", ".join(value.decode("latin-1") for value in values)
+        for name, values in request.requestHeaders.getAllRawHeaders()
+    }
+
+
+class _SimulatedResource(Resource):
+    """Routes every path of the simulated API; state lives on the upstream."""
+
+    isLeaf = True
+    log = Logger()
+
+    def __init__(self, upstream: SimulatedUpstream):
+        super().__init__()
+        self._upstream = upstream
+
+    def render(self, request: IRequest) -> bytes | int:
+        method = request.method.decode("latin-1")
+        path = request.path.decode("utf-8", "replace")
+        headers = _headers_of(request)
+        raw = request.content.read() if request.content is not None else b""
+        # An oversized body is refused below without being parsed.
+        body = _parse(raw) if len(raw) <= MAX_BODY else None
+        self._upstream.requests.append(
+            ReceivedRequest(method, request.uri.decode("utf-8", "replace"), headers, body)
+        )
+        request.setHeader(b"request-id", _request_id().encode("ascii"))
+        try:
+            return self._route(request, method, path, headers, raw, body)
+        except Rejection as rejection:
+            self.log.debug(
+                "{method} {path} rejected: {status} {message}",
+                method=method,
+                path=path,
+                status=rejection.status,
+                message=rejection.message,
+            )
+            return self._error(request, rejection)
+
+    def _route(
+        self, request: IRequest, method: str, path: str, headers: dict[str, str], raw: bytes, body: Any
+    ) -> bytes | int:
+        if path in ("/v1/messages", "/v1/messages/count_tokens"):
+            allowed = ("POST",)
+        elif path == "/v1/models" or path.startswith("/v1/models/") and path.count("/") == 3:
+            allowed = ("GET", "HEAD")
+        else:
+            raise Rejection(404, "not_found_error", "Not Found")
+        if method not in allowed:
+            raise Rejection(405, "invalid_request_error", f"Method {method} not allowed on {path}")
+        self._upstream.check_key(headers)
+        if method == "POST":
+            if len(raw) > MAX_BODY:
+                raise Rejection(413, "request_too_large", "Request exceeds the maximum allowed number of bytes.")
+            if body is None:
+                raise Rejection(
+                    400, "invalid_request_error", "There was an error parsing the body of your request: expected JSON"
+                )
+        if path == "/v1/messages":
+            message = self._upstream.answer(body, headers)
+            if isinstance(body, dict) and body.get("stream") is True:
+                return self._stream(request, self._upstream.stream_pieces(message))
+            return self._ok(request, message)
+        if path == "/v1/messages/count_tokens":
+            return self._ok(request, self._upstream.count(body, headers))
+        if path == "/v1/models":
+            query = parse_qs(request.uri.decode("utf-8", "replace").partition("?")[2])
+            return self._ok(request, list_models(query))
+        return self._ok(request, get_model(path.rsplit("/", 1)[1]))
+
+    def _ok(self, request: IRequest, value: Any) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        return _body_for(request, _json(value))
+
+    def _error(self, request: IRequest, rejection: Rejection) -> bytes:
+        request.setResponseCode(rejection.status)
+        request.setHeader(b"content-type", b"application/json")
+        request_id = request.responseHeaders.getRawHeaders(b"request-id")[0].decode("ascii")
+        return _body_for(request, error_body(rejection.error_type, rejection.message, request_id))
+
+    def _stream(self, request: IRequest, pieces: list[tuple[float, bytes]]) -> int:
+        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
+        request.setHeader(b"cache-control", b"no-cache")
+        _PacedWriter(request, pieces, self._upstream.reactor).start()
+        return NOT_DONE_YET
+
+
+def _body_for(request: IRequest, body: bytes) -> bytes:
+    # A HEAD answer has the headers of the GET answer and no body.
+    if request.method == b"HEAD":
+        request.setHeader(b"content-length", str(len(body)).encode("ascii"))
+        return b""
+    return body
+
+
+def _parse(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return ujson.loads(raw)
+    except ValueError:
+        return None
+
+
+@implementer(IPushProducer)
+class _PacedWriter:
+    """
+    Writes a stream's pieces on the clock, each once it is due, pausing when
+    the connection pushes back and stopping when the client goes away.
+    """
+
+    def __init__(self, request: IRequest, pieces: list[tuple[float, bytes]], clock: IReactorTime):
+        self._request = request
+        self._pieces = pieces
+        self._clock = clock
+        self._next = 0
+        self._call: Any = None
+        self._paused = False
+        self._done = False
+        self._started_at = 0.0
+
+    def start(self) -> None:
+        """Begin writing; the first piece goes out on the next clock tick."""
+        self._started_at = self._clock.seconds()
+        self._request.registerProducer(self, True)
+        self._request.notifyFinish().addErrback(self._lost)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._paused or self._done or self._call is not None:
+            return
+        due = self._started_at + self._pieces[self._next][0]
+        self._call = self._clock.callLater(max(0.0, due - self._clock.seconds()), self._write_next)
+
+    def _write_next(self) -> None:
+        self._call = None
+        piece = self._pieces[self._next][1]
+        self._next += 1
+        self._request.write(piece)
+        if self._next == len(self._pieces):
+            self._done = True
+            self._request.unregisterProducer()
+            self._request.finish()
+        else:
+            self._schedule()
+
+    def _cancel(self) -> None:
+        self._done = True
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    def _lost(self, reason: Failure) -> None:
+        # The client went away: nothing more may be written, and the
+        # failure is expected, so it is consumed here.
+        self._cancel()
+
+    def pauseProducing(self) -> None:
+        """Stop writing until :meth:`resumeProducing`."""
+        self._paused = True
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    def resumeProducing(self) -> None:
+        """Write again, catching up with pieces that fell due meanwhile."""
+        self._paused = False
+        self._schedule()
+
+    def stopProducing(self) -> None:
+        """Write nothing more."""
+        self._cancel()
