@@ -276,6 +276,31 @@ class ForwardingTests(RelayTestMixin, SynchronousTestCase):
         self.assertIsNone(headers.getRawHeaders(b"keep-alive"))
         self.assertEqual(headers.getRawHeaders(b"x-api-key"), [b"sk-test-client"])
 
+    def test_no_cookie_shared_between_clients(self):
+        """
+        A cookie the upstream sets for one client is passed back to that
+        client but never sent upstream with anyone's later request: the relay
+        keeps no cookie jar.
+        """
+        upstream = FixedAnswer(
+            200, b"{}", [(b"content-type", b"application/json"), (b"set-cookie", b"session=alice")]
+        )
+        relay = self.relay(upstream)
+        first = result(self, relay, relay.post("/v1/messages", messages_body()))
+        self.assertEqual(first.headers.getRawHeaders(b"set-cookie"), [b"session=alice"])
+        result(self, relay, relay.post("/v1/messages", messages_body(), headers={"x-api-key": ["sk-bob"]}))
+        self.assertIsNone(upstream.received[-1][2].getRawHeaders(b"cookie"))
+
+    def test_no_empty_content_encoding(self):
+        """
+        An answer the upstream sent without ``content-encoding`` reaches the
+        client without one (not with an empty one).
+        """
+        upstream = FixedAnswer(200, b"{}", [(b"content-type", b"application/json")])
+        relay = self.relay(upstream)
+        response = result(self, relay, relay.post("/v1/messages", messages_body()))
+        self.assertIsNone(response.headers.getRawHeaders(b"content-encoding"))
+
     def test_body_forwarded_unchanged_when_clean(self):
         """
         A request with no id to translate reaches the upstream as the very

@@ -60,7 +60,8 @@ class _SimulatedUpstreamService(Service):
 
         self._reactor = reactor
         self._client = client
-        self._site = Site(SimulatedUpstream(mode=mode, reactor=reactor, **options).resource())
+        self._site = RelaySite(SimulatedUpstream(mode=mode, reactor=reactor, **options).resource())
+        self._site.noisy = False
         self._port = None
         self.mode = mode
 

@@ -2,7 +2,7 @@
 """
 The upstream side: one persistent connection pool, header hygiene, timeouts.
 
-This module knows treq and HTTP; it knows nothing of tool-use ids or SSE.
+This module knows Twisted's HTTP client; it knows nothing of tool-use ids or SSE.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.error import ConnectError, DNSLookupError, TimeoutError
 from twisted.logger import Logger
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
+from twisted.web.client import _HTTP11ClientFactory
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IResponse
 from zope.interface import implementer
-from treq.client import HTTPClient
 
 from twisted_relay.errors import RelayError
 
@@ -109,6 +109,12 @@ def client_response_headers(upstream_headers: Headers) -> Headers:
     return _copy_headers(upstream_headers, _NOT_FORWARDED_TO_CLIENT)
 
 
+class _QuietClientFactory(_HTTP11ClientFactory):
+    """The pool's connection factory, without a log line per connection."""
+
+    noisy = False
+
+
 @implementer(IBodyProducer)
 class _BytesProducer:
     """
@@ -167,9 +173,13 @@ class UpstreamClient:
         # as long as a typical load balancer keeps it (often 60 s):
         # reusing a connection the far end has already closed costs a retry.
         self._pool.cachedConnectionTimeout = 50
+        self._pool._factory = _QuietClientFactory
+        # The bare Agent, not treq's HTTPClient: a relay must not keep a
+        # cookie jar shared by all its clients, nor decode gzip it never
+        # asked for; and every wrapper is work on each request.
         if agent is None:
             agent = Agent(reactor, connectTimeout=connect_timeout, pool=self._pool)
-        self._http = HTTPClient(agent)
+        self._agent = agent
 
     @property
     def base_url(self) -> str | None:
@@ -200,15 +210,10 @@ class UpstreamClient:
         upstream cannot be reached (502) or sends no headers in time (504).
         Cancelling the returned Deferred aborts the upstream request.
         """
-        url = self.url_for(path_and_query)
+        url = self.url_for(path_and_query).encode("utf-8")
         timed_out = []
-        d = self._http.request(
-            method.decode("ascii"),
-            url,
-            headers=headers,
-            data=None if body is None else _BytesProducer(body),
-            unbuffered=True,
-            allow_redirects=False,
+        d = self._agent.request(
+            method, url, headers, None if body is None else _BytesProducer(body)
         )
 
         def on_timeout() -> None:
@@ -229,7 +234,7 @@ class UpstreamClient:
                     "The upstream sent no response within %g seconds."
                     % (self.response_timeout,),
                 )
-            if failure.check(CancelledError):
+            if _cancelled(failure):
                 return failure
             raise _relay_error_for(failure, self._base_url)
 
@@ -240,6 +245,15 @@ class UpstreamClient:
     def close(self) -> Deferred:
         """Close the pooled connections; fires when they are closed."""
         return self._pool.closeCachedConnections()
+
+
+def _cancelled(failure) -> bool:
+    """Whether a request failed because it was cancelled (the client left)."""
+    if failure.check(CancelledError):
+        return True
+    if failure.check(ResponseNeverReceived):
+        return any(reason.check(CancelledError) for reason in failure.value.reasons)
+    return False
 
 
 def _relay_error_for(failure, base_url: str) -> RelayError:
