@@ -68,6 +68,9 @@ class InMemoryRelay:
         )
         self.app = RelayApp(self.config, self.client, reactor=self.clock, dumps=dumps)
         self.stub = StubTreq(self.app.resource())
+        # A bare agent too: treq's client keeps cookies and adds
+        # content-decoding, which some tests must see past.
+        self.agent = RequestTraversalAgent(self.app.resource())
 
     def flush(self, rounds: int = 30) -> None:
         """Move bytes both ways until nothing is left to move."""
@@ -75,6 +78,7 @@ class InMemoryRelay:
             self.clock.advance(0)
             self.upstream_agent.flush()
             self.stub.flush()
+            self.agent.flush()
 
     def post(self, path: str, body, headers=None):
         """Start a POST; the returned Deferred fires after :meth:`flush`."""
@@ -82,6 +86,18 @@ class InMemoryRelay:
         all_headers = {"content-type": ["application/json"], "x-api-key": ["sk-test-client"]}
         all_headers.update(headers or {})
         return self.stub.request("POST", "http://relay.test" + path, data=data, headers=all_headers)
+
+    def raw_post(self, path: str, body, headers=None):
+        """A POST through the bare agent; fires with an ``IResponse``."""
+        from twisted.web.http_headers import Headers
+
+        from twisted_relay.upstream import _BytesProducer
+
+        all_headers = Headers({b"content-type": [b"application/json"]})
+        for name, values in (headers or {}).items():
+            all_headers.setRawHeaders(name, values)
+        data = body if isinstance(body, bytes) else encode(body)
+        return self.agent.request(b"POST", b"http://relay.test" + path.encode(), all_headers, _BytesProducer(data))
 
     def get(self, path: str, headers=None):
         """Start a GET; the returned Deferred fires after :meth:`flush`."""
