@@ -305,7 +305,7 @@ STREAMS = {
     "thinking": (THINKING_STREAM, THINK_HISTORY, {6: {THINK_TOOLU: THINK_TOOLU + "-2"}}),
     "non_ascii": (NON_ASCII_STREAM, FR_HISTORY, {5: {FR_TOOLU: FR_TOOLU + "-2"}}),
     "message_start": (MESSAGE_START_STREAM, TOOL_HISTORY, {0: {TOOLU: TOOLU + "-2"}}),
-    "commented": (COMMENTED_STREAM, TOOL_HISTORY, {5: {TOOLU: TOOLU + "-2"}}),
+    "commented": (COMMENTED_STREAM, TOOL_HISTORY, {4: {TOOLU: TOOLU + "-2"}}),
 }
 
 ENDINGS = ("\n", "\r\n", "\r", "mixed")
@@ -321,7 +321,13 @@ def _with_endings(stream: bytes, ending: str, seed: int = 0) -> bytes:
     assert lines[-1] == b""
     if ending == "mixed":
         rnd = random.Random(seed)
-        return b"".join(line + rnd.choice((b"\n", b"\r\n", b"\r")) for line in lines[:-1])
+        out, previous = [], b""
+        for line in lines[:-1]:
+            # "\r" then an empty line ended by "\n" would be one "\r\n".
+            choices = (b"\r\n", b"\r") if previous == b"\r" and not line else (b"\n", b"\r\n", b"\r")
+            previous = rnd.choice(choices)
+            out.append(line + previous)
+        return b"".join(out)
     return b"".join(line + ending.encode("ascii") for line in lines[:-1])
 
 
@@ -541,3 +547,639 @@ class EventFramerTests(SynchronousTestCase):
         events.extend(framer.close())
         self.assertEqual(b"".join(events) + framer.pending, data)
         self.assertEqual((events, framer.pending), _reference_frame(data))
+
+
+# -- parsing -------------------------------------------------------------------
+
+_ODD_EVENTS = [
+    b"event: a\ndata: 1\n\n",
+    b"event:a\ndata:1\n\n",
+    b"event:  a\ndata:  1\n\n",
+    b": comment\nevent: a\n: another\ndata: x\ndata: y\n\n",
+    b"data: x\nevent: late\n\n",
+    b"event: first\nevent: second\ndata: z\n\n",
+    b"event: a\r\ndata: 1\r\ndata:\r\n\r\n",
+    b"event: a\rdata: {\"k\": 1}\r\r",
+    b"data\nevent\n\n",
+    b"eventual: no\ndata: q\n\n",
+    b"id: 7\nretry: 10\nevent: a\ndata: 1\n\n",
+    "event: a\ndata: é\u2028x\n\n".encode("utf-8"),
+]
+
+
+class ParseEventTests(SynchronousTestCase):
+    """:func:`parse_event` reads an event exactly as the Anthropic SDK does."""
+
+    def test_like_the_sdk(self):
+        """Name and data agree with the SDK's decoder on odd but valid events."""
+        for raw in _ODD_EVENTS:
+            (expected,) = _sdk_events(raw)
+            self.assertEqual(parse_event(raw), expected, raw)
+
+    def test_rules(self):
+        """Comments are skipped, one space is stripped, data lines join with ``\\n``."""
+        self.assertEqual(
+            parse_event(b": hi\nevent: x\ndata: a\ndata:  b\ndata:c\n\n"), ("x", "a\n b\nc")
+        )
+        self.assertEqual(parse_event(b": only a comment\n\n"), (None, ""))
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["event", "data", ":", "id", "x", "data", "event"]),
+                st.sampled_from(["", ":", ": ", ":  "]),
+                st.text(alphabet="ab é:{}\u2028", max_size=6),
+                st.sampled_from(["\n", "\r\n", "\r"]),
+            ),
+            min_size=1,
+            max_size=6,
+        )
+    )
+    def test_generated_like_the_sdk(self, lines):
+        """For generated events (no blank line inside), parse_event agrees with the SDK."""
+        lines = [line for line in lines if "".join(line[:3])]
+        # The blank line takes the last line's ending, so that it stays blank.
+        raw = "".join("".join(line) for line in lines) + (lines[-1][3] if lines else "\n")
+        raw = raw.encode("utf-8")
+        sdk = _sdk_events(raw)
+        name, data = parse_event(raw)
+        self.assertEqual((name, data), sdk[0] if sdk else (None, ""))
+        self.assertEqual(event_name(raw), None if name is None else name.encode("utf-8"))
+
+
+class EventNameTests(SynchronousTestCase):
+    """:func:`event_name` finds the name the SDK would dispatch on."""
+
+    def test_names(self):
+        """The common shape, spacing variants, a late or repeated field, and no name at all."""
+        self.assertEqual(event_name(b"event: content_block_delta\ndata: {}\n\n"), b"content_block_delta")
+        self.assertEqual(event_name(b"event:x\r\ndata: {}\r\n\r\n"), b"x")
+        self.assertEqual(event_name(b"event: x\rdata: {}\r\r"), b"x")
+        self.assertEqual(event_name(b"data: {}\nevent: late\n\n"), b"late")
+        self.assertEqual(event_name(b"event: a\nevent: b\n\n"), b"b")
+        self.assertEqual(event_name(b": c\nevent: a\n\n"), b"a")
+        self.assertEqual(event_name(b"eventual: a\ndata: 1\n\n"), None)
+        self.assertEqual(event_name(b"data: 1\n\n"), None)
+        self.assertEqual(event_name(b"\n"), None)
+
+    def test_like_the_sdk(self):
+        """On every odd event, the name is the SDK's."""
+        for raw in _ODD_EVENTS:
+            ((name, _),) = _sdk_events(raw)
+            self.assertEqual(event_name(raw), None if name is None else name.encode(), raw)
+
+
+# -- the gate: recorded streams over every split ---------------------------
+
+
+class GateStreamTests(SynchronousTestCase):
+    """
+    Over every split and line ending, the client receives the upstream's
+    bytes unchanged except the events whose ids the translator rewrote, in
+    order, each written as soon as it is complete and decided.
+    """
+
+    def _check(self, name: str, policy: str = UNIQUE) -> None:
+        stream, history, rewrites = STREAMS[name]
+        for ending in ENDINGS:
+            data = _with_endings(stream, ending, seed=len(name))
+            events, tail = _reference_frame(data)
+            self.assertEqual(tail, b"")
+            ends = []
+            for raw in events:
+                ends.append((ends[-1] if ends else 0) + len(raw))
+            for body, expected_rewrites in ((FRESH, {}), (history, rewrites)):
+                out_events = [
+                    _rewritten(raw, expected_rewrites[i]) if i in expected_rewrites else raw
+                    for i, raw in enumerate(events)
+                ]
+                expected = b"".join(out_events)
+                # How many output bytes the client must hold once i events are through.
+                written_after = [0]
+                for raw in out_events:
+                    written_after.append(written_after[-1] + len(raw))
+                for label, chunks in _splits(data):
+                    where = "%s, %r, %s, %s" % (name, ending, "colliding" if expected_rewrites else "clean", label)
+                    translator = translate_request(body, policy).response()
+                    gate, sink, transport, _ = _gate(translator)
+                    received = complete = 0
+                    for chunk in chunks:
+                        before = len(sink.writes)
+                        gate.dataReceived(chunk)
+                        received += len(chunk)
+                        while complete < len(ends) and ends[complete] <= received:
+                            complete += 1
+                        through = complete
+                        if through and ends[through - 1] == received and _held(data, received):
+                            through -= 1
+                        new = sink.writes[before:]
+                        self.assertLessEqual(len(new), 1, where)
+                        self.assertEqual(len(sink.value()), written_after[through], where)
+                    gate.connectionLost(_done())
+                    self.assertEqual(sink.value(), expected, where)
+                    self.assertIsNone(self.successResultOf(gate.done), where)
+                    self.assertEqual(len(translator.rewrites), sum(len(m) for m in expected_rewrites.values()), where)
+                    self.assertEqual(gate.events_received, len(events), where)
+                    self.assertEqual(gate.events_rewritten, len(expected_rewrites), where)
+                    self.assertTrue(gate.message_stop_seen, where)
+                    self.assertEqual(gate.bytes_received, len(data), where)
+                    self.assertEqual(gate.bytes_written, len(expected), where)
+                if not expected_rewrites:
+                    self.assertEqual(expected, data)
+                # The SDK reads the same events, the rewritten ids aside.
+                sdk_in, sdk_out = _sdk_events(data), _sdk_events(expected)
+                self.assertEqual(len(sdk_in), len(sdk_out))
+                changed = 0
+                for (in_name, in_data), (out_name, out_data) in zip(sdk_in, sdk_out):
+                    self.assertEqual(in_name, out_name)
+                    if in_data != out_data:
+                        changed += 1
+                        mapping = {}
+                        for m in expected_rewrites.values():
+                            mapping.update(m)
+                        obj = json.loads(in_data)
+                        _replace_ids(obj, mapping)
+                        self.assertEqual(json.loads(out_data), obj)
+                self.assertEqual(changed, len(expected_rewrites))
+
+    def test_tool_use_stream(self):
+        """
+        The protocol.md stream passes byte for byte; when the upstream reuses
+        an id of the history, only its ``content_block_start`` changes.
+        """
+        self._check("tool_use")
+
+    def test_tool_use_stream_original_policy(self):
+        """Under ``--upstream-ids original`` the reused id is rewritten the same way."""
+        self._check("tool_use", ORIGINAL)
+
+    def test_server_tool_stream(self):
+        """
+        A reused ``server_tool_use`` id is rewritten with ``_``, and so is the
+        ``web_search_tool_result`` that points at it; non-ASCII text and URLs
+        stay readable (no ``\\u`` or ``\\/`` escapes).
+        """
+        self._check("server_tool")
+        _, history, rewrites = STREAMS["server_tool"]
+        events, _ = _reference_frame(SERVER_TOOL_STREAM)
+        rewritten = _rewritten(events[5], rewrites[5])
+        self.assertIn("Météo Paris – Prévisions".encode("utf-8"), rewritten)
+        self.assertIn(b"https://meteo.example/fr/paris/", rewritten)
+
+    def test_thinking_stream(self):
+        """Thinking and signature deltas pass byte for byte around a rewritten tool_use."""
+        self._check("thinking")
+
+    def test_non_ascii_stream(self):
+        """
+        UTF-8 text, including U+2028 and U+0085 (line breaks for Python's
+        ``str.splitlines`` only), passes byte for byte.
+        """
+        self._check("non_ascii")
+
+    def test_message_start_blocks(self):
+        """Blocks inside ``message_start`` are translated too."""
+        self._check("message_start")
+
+    def test_comments_and_multiline_data(self):
+        """
+        Comments, an event whose name comes after its data and whose JSON
+        spans three ``data:`` lines, and fields without a space: all pass,
+        and the multi-line ``content_block_start`` is decided like any other.
+        """
+        self._check("commented")
+
+    def test_decided_before_anything_later(self):
+        """
+        When the colliding ``content_block_start`` arrives with the next
+        events in one chunk, a single write carries the rewritten event
+        followed by the rest, and no byte of the original is ever written.
+        """
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        gate, sink, _, _ = _gate(translate_request(TOOL_HISTORY).response())
+        gate.dataReceived(b"".join(events[:5]))
+        self.assertEqual(sink.writes, [b"".join(events[:5])])
+        gate.dataReceived(events[5][:40])
+        self.assertEqual(len(sink.writes), 1)
+        gate.dataReceived(events[5][40:] + b"".join(events[6:8]))
+        self.assertEqual(len(sink.writes), 2)
+        self.assertEqual(sink.writes[1], _rewritten(events[5], {TOOLU: TOOLU + "-2"}) + b"".join(events[6:8]))
+        self.assertNotIn(b'"id":"' + TOOLU.encode() + b'"', sink.value())
+
+    def test_clean_chunk_is_written_as_received(self):
+        """
+        When nothing is rewritten, a chunk of whole events is written as the
+        very bytes object received: no copy, no re-encoding.
+        """
+        gate, sink, _, _ = _gate(translate_request(FRESH).response())
+        gate.dataReceived(TOOL_USE_STREAM)
+        self.assertIs(sink.writes[0], TOOL_USE_STREAM)
+
+    def test_parallel_reuse_in_one_response(self):
+        """
+        Two ``tool_use`` blocks of one response with one id: the second one
+        is renamed even with a clean history, and on_rewrite reports it.
+        """
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        second = events[5].replace(b'"index":1', b'"index":2')
+        stream = b"".join(events[:9]) + second + events[8].replace(b'"index":1', b'"index":2') + b"".join(events[9:])
+        seen = []
+        gate, sink, _, _ = _gate(translate_request(FRESH).response(), on_rewrite=seen.append)
+        gate.dataReceived(stream)
+        gate.connectionLost(_done())
+        self.assertEqual([(r.upstream_id, r.client_id) for r in seen], [(TOOLU, TOOLU + "-2")])
+        self.assertIn(_rewritten(second, {TOOLU: TOOLU + "-2"}), sink.value())
+        self.assertEqual(sink.value().count(events[5]), 1)
+
+    def test_without_translator(self):
+        """With no translator the gate passes everything through, colliding ids included."""
+        gate, sink, _, _ = _gate(None)
+        for i in range(0, len(TOOL_USE_STREAM), 7):
+            gate.dataReceived(TOOL_USE_STREAM[i : i + 7])
+        gate.connectionLost(_done())
+        self.assertEqual(sink.value(), TOOL_USE_STREAM)
+        self.assertIsNone(self.successResultOf(gate.done))
+
+    def test_unparseable_event_passes(self):
+        """
+        A ``content_block_start`` that is not JSON (or not the expected
+        shape) is passed through as is: the relay never breaks a stream it
+        cannot read.
+        """
+        stream = (
+            b"event: content_block_start\ndata: {not json\n\n"
+            b"event: content_block_start\ndata: [1, 2]\n\n"
+            b"event: message_start\ndata: {\"message\": 3}\n\n"
+            b"event: message_stop\ndata: {}\n\n"
+        )
+        gate, sink, _, _ = _gate(translate_request(TOOL_HISTORY).response())
+        gate.dataReceived(stream)
+        gate.connectionLost(_done())
+        self.assertEqual(sink.value(), stream)
+        self.assertIsNone(self.successResultOf(gate.done))
+
+
+# -- the gate: flow control ------------------------------------------------
+
+
+class GateFlowControlTests(SynchronousTestCase):
+    """
+    The gate is the push producer registered on the client request: a slow
+    client pauses the upstream, and nothing is written while paused.
+    """
+
+    def test_pause_and_resume_reach_the_upstream(self):
+        """Pausing the gate pauses the upstream transport; resuming resumes it."""
+        gate, _, transport, _ = _gate()
+        gate.pauseProducing()
+        self.assertEqual(transport.producerState, "paused")
+        gate.resumeProducing()
+        self.assertEqual(transport.producerState, "producing")
+
+    def test_nothing_written_while_paused(self):
+        """
+        Events that arrive while paused are held, and written in one go, in
+        order, on resume.
+        """
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        gate, sink, _, _ = _gate(translate_request(TOOL_HISTORY).response())
+        gate.dataReceived(b"".join(events[:2]))
+        gate.pauseProducing()
+        gate.dataReceived(b"".join(events[2:6]))
+        gate.dataReceived(b"".join(events[6:]))
+        self.assertEqual(sink.writes, [b"".join(events[:2])])
+        gate.resumeProducing()
+        rewritten = _rewritten(events[5], {TOOLU: TOOLU + "-2"})
+        self.assertEqual(
+            sink.writes[1:], [b"".join(events[2:5]) + rewritten + b"".join(events[6:])]
+        )
+        gate.connectionLost(_done())
+        self.assertIsNone(self.successResultOf(gate.done))
+
+    def test_client_write_pauses(self):
+        """
+        When the client's write fills its buffer and pauses the gate from
+        inside ``write`` (as a Twisted transport does), later chunks wait.
+        """
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        writes = []
+        transport = StringTransport()
+
+        def write(data):
+            writes.append(data)
+            gate.pauseProducing()
+
+        gate = SSEGate(write, None, clock=Clock())
+        gate.makeConnection(transport)
+        gate.dataReceived(events[0])
+        self.assertEqual(transport.producerState, "paused")
+        gate.dataReceived(events[1])
+        gate.dataReceived(events[2])
+        self.assertEqual(writes, [events[0]])
+        gate.resumeProducing()
+        self.assertEqual(writes, [events[0], events[1] + events[2]])
+
+    def test_pause_before_connection(self):
+        """
+        A pause that comes before treq connects the body (the request was
+        already paused at ``registerProducer``) is applied on connection.
+        """
+        gate = SSEGate(_Sink(), None, clock=Clock())
+        gate.pauseProducing()
+        transport = StringTransport()
+        gate.makeConnection(transport)
+        self.assertEqual(transport.producerState, "paused")
+
+    def test_stop_producing(self):
+        """
+        The client went away: the upstream is stopped, ``done`` fails with
+        ``CancelledError``, no timer is left, and nothing more is written.
+        """
+        gate, sink, transport, clock = _gate(idle_timeout=30, ping_interval=10)
+        gate.dataReceived(TOOL_USE_STREAM[:100])
+        gate.stopProducing()
+        self.assertEqual(transport.producerState, "stopped")
+        self.failureResultOf(gate.done, CancelledError)
+        self.assertEqual(clock.getDelayedCalls(), [])
+        gate.dataReceived(TOOL_USE_STREAM[100:])
+        gate.connectionLost(Failure(ResponseFailed([Failure(ConnectionLost())])))
+        gate.stopProducing()
+        clock.advance(100)
+        self.assertEqual(sink.writes, [])
+
+    def test_cancel_done(self):
+        """Cancelling ``done`` (Klein does, when the client disconnects) stops the upstream."""
+        gate, _, transport, clock = _gate(idle_timeout=30)
+        gate.done.cancel()
+        self.failureResultOf(gate.done, CancelledError)
+        self.assertEqual(transport.producerState, "stopped")
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_stop_before_connection(self):
+        """A stop that comes before the body is connected stops the upstream on connection."""
+        gate = SSEGate(_Sink(), None, clock=Clock(), idle_timeout=5)
+        gate.stopProducing()
+        transport = StringTransport()
+        gate.makeConnection(transport)
+        self.assertEqual(transport.producerState, "stopped")
+        self.failureResultOf(gate.done, CancelledError)
+
+
+# -- the gate: timers --------------------------------------------------------
+
+
+class GateTimerTests(SynchronousTestCase):
+    """The relay pings a silent stream, and gives up on one that stays silent."""
+
+    def test_ping_after_silence(self):
+        """
+        After ``ping_interval`` seconds without an upstream byte the client
+        gets a relay ping, then one per interval; upstream bytes postpone it.
+        """
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        gate, sink, _, clock = _gate(ping_interval=10)
+        gate.dataReceived(events[0])
+        clock.advance(9.9)
+        self.assertEqual(sink.value(), events[0])
+        clock.advance(0.1)
+        self.assertEqual(sink.writes, [events[0], PING_EVENT])
+        clock.advance(10)
+        self.assertEqual(sink.writes[2:], [PING_EVENT])
+        gate.dataReceived(events[1])
+        clock.advance(9)
+        self.assertEqual(sink.writes[3:], [events[1]])
+        clock.advance(1)
+        self.assertEqual(sink.writes[4:], [PING_EVENT])
+        self.assertEqual(gate.pings_sent, 3)
+
+    def test_ping_falls_between_events(self):
+        """
+        A ping during a half-received event goes out before it: the client's
+        stream still parses into the upstream's events, plus the ping.
+        """
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        gate, sink, _, clock = _gate(ping_interval=10)
+        gate.dataReceived(events[0] + events[1][:30])
+        clock.advance(10)
+        gate.dataReceived(events[1][30:] + b"".join(events[2:]))
+        gate.connectionLost(_done())
+        self.assertEqual(sink.value(), events[0] + PING_EVENT + b"".join(events[1:]))
+        sdk = _sdk_events(sink.value())
+        self.assertEqual(sdk[1], ("ping", '{"type": "ping"}'))
+        self.assertEqual(sdk[:1] + sdk[2:], _sdk_events(TOOL_USE_STREAM))
+
+    def test_idle_timeout(self):
+        """
+        ``idle_timeout`` seconds without an upstream byte fail ``done`` with
+        a 504 ``timeout_error`` and stop the upstream; a later byte or end is
+        ignored.
+        """
+        gate, sink, transport, clock = _gate(idle_timeout=30, ping_interval=10)
+        gate.dataReceived(TOOL_USE_STREAM[:200])
+        clock.advance(20)
+        gate.dataReceived(TOOL_USE_STREAM[200:300])
+        clock.advance(29)
+        self.assertNoResult(gate.done)
+        clock.advance(1)
+        error = self.failureResultOf(gate.done, RelayError).value
+        self.assertEqual((error.status, error.error_type), (504, "timeout_error"))
+        self.assertIn("30 seconds", error.message)
+        self.assertEqual(transport.producerState, "stopped")
+        self.assertEqual(clock.getDelayedCalls(), [])
+        written = sink.value()
+        gate.dataReceived(TOOL_USE_STREAM[300:])
+        gate.connectionLost(_done())
+        self.assertEqual(sink.value(), written)
+
+    def test_pause_is_not_upstream_silence(self):
+        """
+        While the client holds the stream paused, no ping and no idle
+        timeout: the silence is ours. The clock restarts on resume.
+        """
+        gate, sink, _, clock = _gate(idle_timeout=30, ping_interval=10)
+        gate.dataReceived(TOOL_USE_STREAM[:200])
+        gate.pauseProducing()
+        clock.advance(1000)
+        self.assertNoResult(gate.done)
+        self.assertEqual(gate.pings_sent, 0)
+        gate.resumeProducing()
+        clock.pump([1] * 29)
+        self.assertNoResult(gate.done)
+        self.assertEqual(gate.pings_sent, 2)
+        clock.advance(1)
+        self.assertEqual(self.failureResultOf(gate.done, RelayError).value.status, 504)
+
+    def test_timers_cancelled_on_clean_end(self):
+        """A finished stream leaves no timer behind."""
+        gate, _, _, clock = _gate(idle_timeout=30, ping_interval=10)
+        gate.dataReceived(TOOL_USE_STREAM)
+        gate.connectionLost(_done())
+        self.assertIsNone(self.successResultOf(gate.done))
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+
+# -- the gate: how a stream ends -------------------------------------------
+
+
+class GateEndingTests(SynchronousTestCase):
+    """
+    ``done`` says whether the client got a whole stream, whatever way the
+    upstream body ended, and it fires exactly once.
+    """
+
+    def _end(self, data: bytes, reason: Failure, **kwargs):
+        gate, sink, _, clock = _gate(idle_timeout=30, ping_interval=10, **kwargs)
+        gate.dataReceived(data)
+        gate.connectionLost(reason)
+        self.assertEqual(clock.getDelayedCalls(), [])
+        return gate, sink
+
+    def test_complete(self):
+        """After ``message_stop``, ``ResponseDone`` and ``PotentialDataLoss`` both succeed."""
+        for reason in (_done(), Failure(PotentialDataLoss())):
+            gate, sink = self._end(TOOL_USE_STREAM, reason)
+            self.assertIsNone(self.successResultOf(gate.done))
+            self.assertEqual(sink.value(), TOOL_USE_STREAM)
+
+    def test_cut_before_message_stop(self):
+        """
+        A body that ends between events but before ``message_stop`` fails
+        with a 502 ``api_error`` saying the stream was cut, for every reason.
+        """
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        cut = b"".join(events[:-1])
+        for reason in (
+            _done(),
+            Failure(PotentialDataLoss()),
+            Failure(ResponseFailed([Failure(ConnectionLost())])),
+            Failure(ConnectionDone()),
+        ):
+            gate, sink = self._end(cut, reason)
+            error = self.failureResultOf(gate.done, RelayError).value
+            self.assertEqual((error.status, error.error_type), (502, "api_error"))
+            self.assertIn("cut before message_stop", error.message)
+            self.assertEqual(sink.value(), cut)
+
+    def test_cut_mid_event(self):
+        """
+        A body that ends inside an event fails with a 502 saying so; the
+        partial event is never written.
+        """
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        cut = b"".join(events[:6]) + events[6][:20]
+        for reason in (
+            _done(),
+            Failure(PotentialDataLoss()),
+            Failure(ResponseFailed([Failure(ConnectionLost())])),
+            Failure(ConnectionLost()),
+            Failure(ConnectionDone()),
+        ):
+            gate, sink = self._end(cut, reason)
+            error = self.failureResultOf(gate.done, RelayError).value
+            self.assertEqual(error.status, 502)
+            self.assertIn("cut in the middle of an event", error.message)
+            self.assertEqual(sink.value(), b"".join(events[:6]))
+
+    def test_upstream_error_event(self):
+        """
+        An upstream ``error`` event reaches the client as sent and
+        ``on_error_event`` with its payload; the stream then ends cleanly
+        without ``message_stop`` (the upstream reported its own end).
+        """
+        payloads = []
+        gate, sink = self._end(ERROR_STREAM, _done(), on_error_event=payloads.append)
+        self.assertIsNone(self.successResultOf(gate.done))
+        self.assertEqual(sink.value(), ERROR_STREAM)
+        self.assertEqual(
+            payloads, [{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}]
+        )
+
+    def test_held_cr_event_released_at_end(self):
+        """
+        A stream with bare ``\\r`` line endings: its last event, held for the
+        byte that never comes, is written when the body ends.
+        """
+        data = _with_endings(TOOL_USE_STREAM, "\r")
+        gate, sink, _, _ = _gate()
+        gate.dataReceived(data)
+        self.assertEqual(len(sink.value()), len(data) - len(_reference_frame(data)[0][-1]))
+        gate.connectionLost(_done())
+        self.assertEqual(sink.value(), data)
+        self.assertIsNone(self.successResultOf(gate.done))
+
+    def test_end_while_paused(self):
+        """Events held by a pause are written when the body ends, before ``done`` fires."""
+        results = []
+        gate, sink, _, _ = _gate()
+        gate.done.addCallback(lambda _: results.append(sink.value()))
+        gate.pauseProducing()
+        gate.dataReceived(TOOL_USE_STREAM)
+        self.assertEqual(sink.writes, [])
+        gate.connectionLost(_done())
+        self.assertEqual(results, [TOOL_USE_STREAM])
+
+    def test_fires_once(self):
+        """A second ``connectionLost``, or a stop after the end, changes nothing."""
+        gate, _ = self._end(TOOL_USE_STREAM, _done())
+        gate.connectionLost(Failure(ConnectionLost()))
+        gate.stopProducing()
+        gate.pauseProducing()
+        gate.resumeProducing()
+        self.assertIsNone(self.successResultOf(gate.done))
+
+    def test_translator_bug(self):
+        """
+        A translator that raises fails the stream with a 500 (logged), stops
+        the upstream, and writes nothing of the undecided event.
+        """
+
+        class Broken:
+            rewrites = []
+
+            def translate_block(self, block):
+                raise ZeroDivisionError()
+
+            translate_message = translate_block
+
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        gate, sink, transport, _ = _gate(Broken())
+        gate.dataReceived(events[0] + events[1])
+        self.assertEqual(self.failureResultOf(gate.done, RelayError).value.status, 500)
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        self.assertEqual(transport.producerState, "stopped")
+        self.assertEqual(sink.value(), b"")
+
+
+# -- the gate: oversized events ----------------------------------------------
+
+
+class GateMaxEventTests(SynchronousTestCase):
+    """An upstream event over ``max_event_bytes`` ends the stream with a 502."""
+
+    def test_oversized_event(self):
+        """
+        The events before the oversized one are written, the upstream is
+        stopped, and ``done`` fails with a 502 ``api_error``.
+        """
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        limit = max(map(len, events[:3]))
+        big = b"event: content_block_delta\ndata: " + b"x" * limit + b"\n\n"
+        gate, sink, transport, _ = _gate(max_event_bytes=limit)
+        gate.dataReceived(b"".join(events[:3]) + big[:10])
+        gate.dataReceived(big[10:limit])
+        self.assertNoResult(gate.done)
+        gate.dataReceived(big[limit : limit + 1])
+        error = self.failureResultOf(gate.done, RelayError).value
+        self.assertEqual((error.status, error.error_type), (502, "api_error"))
+        self.assertIn(str(limit), error.message)
+        self.assertEqual(transport.producerState, "stopped")
+        self.assertEqual(sink.value(), b"".join(events[:3]))
+
+    def test_oversized_in_one_chunk(self):
+        """A complete oversized event in one chunk with others: those before it still go out."""
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        gate, sink, _, _ = _gate(max_event_bytes=len(events[0]))
+        gate.dataReceived(events[0] + events[0] + b":" + events[0])
+        self.assertEqual(self.failureResultOf(gate.done, RelayError).value.status, 502)
+        self.assertEqual(sink.value(), events[0] + events[0])

@@ -255,7 +255,7 @@ def _event_name_at(buf: bytes | bytearray, start: int, end: int) -> bytes | None
             value_start = start + 6
             if buf[value_start : value_start + 1] == b" ":
                 value_start += 1
-            return bytes(buf[value_start:eol])
+            return bytes(buf[value_start:eol]) or None
     name = None
     for line in bytes(buf[start:end]).splitlines():
         if line.startswith(b":"):
@@ -263,12 +263,13 @@ def _event_name_at(buf: bytes | bytearray, start: int, end: int) -> bytes | None
         field, _, value = line.partition(b":")
         if field == b"event":
             name = value[1:] if value.startswith(b" ") else value
-    return name
+    return name or None
 
 
 def event_name(raw: bytes) -> bytes | None:
     """
-    The ``event`` field of a raw event, or ``None`` when it has none.
+    The ``event`` field of a raw event, or ``None`` when it has none (or an
+    empty one, which the SDKs treat alike).
 
     Reads the ``event:`` line only, not the data: cheap enough to call on
     every event. When several ``event`` lines occur the last one wins, as in
@@ -300,7 +301,7 @@ def parse_event(raw: bytes) -> tuple[str | None, str]:
             name = value
         elif field == "data":
             data.append(value)
-    return name, "\n".join(data)
+    return name or None, "\n".join(data)
 
 
 def _dumps(obj: object) -> bytes:
