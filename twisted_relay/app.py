@@ -2,30 +2,36 @@
 """
 The relay's HTTP face: Klein routes that wire one request through the parts.
 
-A route parses and checks the client's body, builds the id translation for
-it, sends the upstream-bound request, and either streams the answer through
-the SSE gate or rewrites a whole JSON answer. Errors the relay raises itself
-are Anthropic-shaped; errors the upstream raises pass through untouched.
+A route admits the request (relay keys, load, shutdown), parses and checks
+the client's body, builds the id translation for it, sends the
+upstream-bound request (again, on failures before any byte reached the
+client, if retries are on), and either streams the answer through the SSE
+gate or rewrites a whole JSON answer. Errors the relay raises itself are
+Anthropic-shaped; errors the upstream raises pass through untouched.
 """
 
 from __future__ import annotations
 
+import hmac
 import os
 import time
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 
 import treq
 import ujson
 from klein import Klein
 from klein.interfaces import IKleinRequest
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from twisted_relay._version import __version__
 from twisted_relay.config import RelayConfig
-from twisted_relay.errors import RelayError, error_body
+from twisted_relay.errors import RelayError
+from twisted_relay.metrics import RelayMetrics
 from twisted_relay.sse import SSEGate
 from twisted_relay.translation import translate_request
 from twisted_relay.upstream import (
@@ -52,6 +58,11 @@ _CLIENT_ERROR_TYPES = frozenset(
         "billing_error",
     }
 )
+# Failures that happen before the upstream saw the request, or that it
+# dropped before answering: safe to send again.
+_RETRYABLE_KINDS = frozenset({"connect", "dropped"})
+# What the log and the metrics call a request whose client went away.
+_CLIENT_GONE = 499
 
 
 def _new_request_id() -> str:
@@ -59,9 +70,7 @@ def _new_request_id() -> str:
 
 
 def _dumps(value) -> bytes:
-    return ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False).encode(
-        "utf-8"
-    )
+    return ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
 
 
 class RelayApp:
@@ -72,16 +81,30 @@ class RelayApp:
     :param client: the upstream client (owns the connection pool).
     :param reactor: the reactor, for timers.
     :param dumps: the diagnostic dump writer, or ``None`` for no dumps.
+    :param metrics: the relay's metrics; a fresh set when ``None``.
     """
 
     app = Klein()
     log = Logger()
 
-    def __init__(self, config: RelayConfig, client: UpstreamClient, *, reactor, dumps=None):
+    def __init__(
+        self,
+        config: RelayConfig,
+        client: UpstreamClient,
+        *,
+        reactor,
+        dumps=None,
+        metrics: RelayMetrics | None = None,
+    ):
         self._config = config
         self._client = client
         self._reactor = reactor
         self._dumps = dumps
+        self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
+        self._relay_keys = tuple(key.encode("utf-8") for key in config.relay_keys)
+        self._active: set = set()
+        self._draining = False
+        self._idle_waiters: list[Deferred] = []
 
     def resource(self):
         """The relay's web resource, to serve or to mount in another ``Site``."""
@@ -92,22 +115,22 @@ class RelayApp:
     @app.route("/v1/messages", methods=["POST"])
     def messages(self, request):
         """Relay a Messages request, streaming or not."""
-        return self._relay_json(request, streaming_allowed=True, translate_answer=True)
+        return self._relay(request, "messages", has_body=True, stream_ok=True, translate_answer=True)
 
     @app.route("/v1/messages/count_tokens", methods=["POST"])
     def count_tokens(self, request):
         """Relay a token count; the upstream counts the history it would see."""
-        return self._relay_json(request, streaming_allowed=False, translate_answer=False)
+        return self._relay(request, "count_tokens", has_body=True, stream_ok=False, translate_answer=False)
 
     @app.route("/v1/models", methods=["GET"])
     def models(self, request):
         """Relay the model list."""
-        return self._relay_get(request)
+        return self._relay(request, "models", has_body=False, stream_ok=False, translate_answer=False)
 
     @app.route("/v1/models/<path:model_id>", methods=["GET"])
     def model(self, request, model_id):
         """Relay one model's description."""
-        return self._relay_get(request)
+        return self._relay(request, "models", has_body=False, stream_ok=False, translate_answer=False)
 
     @app.route("/", methods=["HEAD"])
     @app.route("/api/hello", methods=["HEAD", "GET"])
@@ -118,33 +141,80 @@ class RelayApp:
 
     @app.route("/health", methods=["GET"])
     def health(self, request):
-        """Say that the relay is up (it does not ask the upstream)."""
+        """Say that the relay process is up (it does not ask the upstream)."""
         request.setHeader(b"content-type", _JSON)
         return _dumps({"status": "ok", "version": __version__})
+
+    @app.route("/ready", methods=["GET"])
+    def ready(self, request):
+        """Say whether the relay takes new requests: not while it shuts down."""
+        request.setHeader(b"content-type", _JSON)
+        if self._draining or self._client.base_url is None:
+            request.setResponseCode(503)
+            return _dumps({"status": "draining" if self._draining else "starting"})
+        return _dumps({"status": "ready", "active_requests": len(self._active)})
+
+    @app.route("/metrics", methods=["GET"])
+    def metrics_page(self, request):
+        """Prometheus metrics, when enabled."""
+        if not self._config.metrics:
+            raise NotFound()
+        return self.metrics.resource()
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):
         """Unknown paths get an Anthropic-shaped 404."""
         return self._error(
             request,
-            RelayError(
-                404,
-                "The relay has no route for %s %s."
-                % (request.method.decode("ascii", "replace"), request.path.decode("utf-8", "replace")),
-            ),
+            RelayError(404, "The relay has no route for %s %s." % _method_and_path(request)),
         )
 
     @app.handle_errors(MethodNotAllowed)
     def method_not_allowed(self, request, failure):
         """Known paths asked with the wrong method get an Anthropic-shaped 405."""
-        return self._error(
-            request,
-            RelayError(
-                405,
-                "%s is not allowed on %s."
-                % (request.method.decode("ascii", "replace"), request.path.decode("utf-8", "replace")),
-            ),
-        )
+        return self._error(request, RelayError(405, "%s is not allowed on %s." % _method_and_path(request)))
+
+    # -- draining ---------------------------------------------------------
+
+    def drain(self, grace: float) -> Deferred:
+        """
+        Stop admitting requests; fire when those in flight are done, or
+        after ``grace`` seconds, when the connections of the rest are closed.
+        """
+        self._draining = True
+        if not self._active:
+            return succeed(None)
+        waiter = Deferred()
+        self._idle_waiters.append(waiter)
+
+        def deadline():
+            if waiter.called:
+                return
+            self.log.warn(
+                "Shutdown grace of {grace}s over; closing {count} requests still in flight",
+                grace=grace,
+                count=len(self._active),
+            )
+            for request in list(self._active):
+                request.channel.transport.loseConnection()
+            self._idle_waiters.remove(waiter)
+            waiter.callback(None)
+
+        timer = self._reactor.callLater(grace, deadline)
+        waiter.addBoth(lambda result: (timer.cancel() if timer.active() else None, result)[1])
+        return waiter
+
+    def _begin(self, request) -> None:
+        self._active.add(request)
+        self.metrics.active_requests.set(len(self._active))
+
+    def _end(self, request) -> None:
+        self._active.discard(request)
+        self.metrics.active_requests.set(len(self._active))
+        if not self._active and self._idle_waiters:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
 
     # -- the work ---------------------------------------------------------
 
@@ -154,17 +224,53 @@ class RelayApp:
         if request_id is None:
             request_id = _new_request_id()
             request.setHeader(RELAY_REQUEST_ID_HEADER, request_id.encode("ascii"))
-        return error.body(request_id)
+        return _whole(request, error.body(request_id))
+
+    def _admit(self, request) -> None:
+        """Refuse a request the relay must not take now, and say why."""
+        if self._draining:
+            raise RelayError(503, "The relay is shutting down; try again.", "overloaded_error")
+        if self._relay_keys and not self._key_allowed(request):
+            raise RelayError(
+                401,
+                "The relay requires a relay key in x-api-key or Authorization: Bearer.",
+            )
+        limit = self._config.max_concurrent
+        if limit and len(self._active) > limit:
+            raise RelayError(
+                529,
+                "The relay is handling %d requests, its limit; try again shortly." % (limit,),
+                kind="overloaded",
+            )
+
+    def _key_allowed(self, request) -> bool:
+        presented = []
+        presented.extend(request.requestHeaders.getRawHeaders(b"x-api-key", []))
+        for value in request.requestHeaders.getRawHeaders(b"authorization", []):
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer":
+                presented.append(token.strip())
+        allowed = False
+        # Compare every presented key with every relay key, in constant time
+        # per comparison, and never stop early.
+        for candidate in presented:
+            for key in self._relay_keys:
+                allowed |= hmac.compare_digest(candidate, key)
+        return allowed
 
     def _read_body(self, request) -> bytes:
+        if getattr(request, "body_too_large", False):
+            raise RelayError(
+                413,
+                "Request body is over %d bytes, the most the relay accepts." % (self._config.max_body,),
+            )
         content = request.content
         content.seek(0, os.SEEK_END)
         size = content.tell()
         if size > self._config.max_body:
             raise RelayError(
                 413,
-                "Request body is %d bytes; the relay accepts at most %d."
-                % (size, self._config.max_body),
+                "Request body is %d bytes; the relay accepts at most %d." % (size, self._config.max_body),
             )
         content.seek(0)
         return content.read()
@@ -172,7 +278,7 @@ class RelayApp:
     def _parse_messages_body(self, raw: bytes) -> dict:
         try:
             body = ujson.loads(raw)
-        except ValueError as e:
+        except (ValueError, OverflowError) as e:
             raise RelayError(400, "Request body is not valid JSON: %s." % (e,))
         if not isinstance(body, dict):
             raise RelayError(400, "Request body must be a JSON object.")
@@ -180,71 +286,131 @@ class RelayApp:
             raise RelayError(400, "messages: Field required and must be a list.")
         return body
 
-    async def _relay_json(self, request, *, streaming_allowed: bool, translate_answer: bool):
+    async def _relay(self, request, route: str, *, has_body: bool, stream_ok: bool, translate_answer: bool):
         request_id = _new_request_id()
         request.setHeader(RELAY_REQUEST_ID_HEADER, request_id.encode("ascii"))
         started = self._reactor.seconds()
-        received_at = time.time()
+        outcome = _Outcome()
+        self._begin(request)
         try:
-            raw = self._read_body(request)
-            body = self._parse_messages_body(raw)
-            translation = translate_request(body, self._config.upstream_ids)
-            self._log_repairs(request_id, translation)
-            upstream_body = _dumps(translation.upstream_body) if translation.changed else raw
-            headers = upstream_request_headers(request.requestHeaders, self._config.upstream_key)
-            path = _upstream_path(request)
-            response = await self._client.request(b"POST", path, headers, upstream_body)
-        except RelayError as e:
-            self._log_request(request, request_id, e.status, started, error=e.message)
-            return self._error(request, e, request_id)
+            return await self._relay_admitted(
+                request, route, request_id, started, outcome, has_body, stream_ok, translate_answer
+            )
         except CancelledError:
+            outcome.status = _CLIENT_GONE
             raise
         except Exception:
             self.log.failure("Unexpected failure relaying {relay_request_id}", relay_request_id=request_id)
+            outcome.status, outcome.error = 500, "internal relay error"
+            if request.startedWriting:
+                raise
+            _clear_headers(request)
             return self._error(request, RelayError(500, "Internal relay error."), request_id)
+        finally:
+            self._end(request)
+            status = outcome.status or request.code
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.log.info(
+                "{method} {path} {status} {duration_ms:.1f}ms ({relay_request_id})",
+                method=request.method.decode("ascii", "replace"),
+                path=request.path.decode("utf-8", "replace"),
+                status=status,
+                duration_ms=(self._reactor.seconds() - started) * 1000.0,
+                relay_request_id=request_id,
+                stream=outcome.stream,
+                error=outcome.error,
+            )
+
+    async def _relay_admitted(
+        self, request, route, request_id, started, outcome, has_body, stream_ok, translate_answer
+    ):
+        config = self._config
+        received_at = time.time()
+        raw = upstream_body = translation = body = None
+        try:
+            self._admit(request)
+            if has_body:
+                raw = self._read_body(request)
+                body = self._parse_messages_body(raw)
+                translation = translate_request(body, config.upstream_ids)
+                self._note_repairs(request_id, translation)
+                upstream_body = _dumps(translation.upstream_body) if translation.changed else raw
+            headers = upstream_request_headers(
+                request.requestHeaders, config.upstream_key, strip_credentials=bool(self._relay_keys)
+            )
+            path = _upstream_path(request)
+            response = await self._send(route, request.method, path, headers, upstream_body, started)
+        except RelayError as e:
+            outcome.error = e.message
+            return self._error(request, e, request_id)
 
         exchange = _Exchange(
-            request_id,
-            received_at,
-            self._client.url_for(path),
-            request.requestHeaders,
-            raw,
-            headers,
-            upstream_body,
-            translation,
+            request_id, received_at, self._client.url_for(path), request.requestHeaders,
+            raw, headers, upstream_body, translation,
         )
         request.setResponseCode(response.code)
         _set_headers(request, client_response_headers(response.headers))
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
+        if (
+            stream_ok
+            and body.get("stream") is True
+            and response.code < 300
+            and content_type.startswith(b"text/event-stream")
+        ):
+            outcome.stream = True
+            await self._stream(request, response, exchange, route, started, outcome)
+            return None
         try:
-            if (
-                streaming_allowed
-                and body.get("stream") is True
-                and response.code < 300
-                and content_type.startswith(b"text/event-stream")
-            ):
-                await self._stream(request, response, exchange)
-                self._log_request(request, request_id, response.code, started, stream=True)
-                return None
             answer = await self._read_upstream_body(response)
-        except CancelledError:
-            raise
         except RelayError as e:
             # Headers have been set but nothing written: a plain error still fits.
-            if not request.startedWriting:
-                _clear_headers(request)
-                self._log_request(request, request_id, e.status, started, error=e.message)
-                return self._error(request, e, request_id)
-            raise
-        if response.code >= 400:
-            if response.code < 500:
-                self._dump(exchange, response, answer)
-            self._log_request(request, request_id, response.code, started)
-            return _whole(request, answer)
-        if translate_answer:
+            _clear_headers(request)
+            outcome.error = e.message
+            return self._error(request, e, request_id)
+        if 400 <= response.code < 500 and translation is not None:
+            self._dump(exchange, response, answer)
+        elif response.code < 300 and translate_answer:
             answer = self._translate_answer(answer, translation, request_id)
-        self._log_request(request, request_id, response.code, started)
+        self.metrics.time_to_first_byte.labels(route, "false").observe(self._reactor.seconds() - started)
         return _whole(request, answer)
+
+    async def _send(self, route, method, path, headers, body, started):
+        """
+        Send upstream; send again after a failure that reached no client
+        byte, as ``retries`` and ``retry_statuses`` allow.
+        """
+        config = self._config
+        attempt = 0
+        while True:
+            sent = self._reactor.seconds()
+            timeout = None
+            if config.total_timeout:
+                timeout = max(0.001, config.total_timeout - (sent - started))
+            try:
+                response = await self._client.request(method, path, headers, body, timeout=timeout)
+            except RelayError as e:
+                if e.kind in _RETRYABLE_KINDS and attempt < config.retries:
+                    attempt += 1
+                    await self._retry_pause(attempt, None, e.message)
+                    continue
+                self.metrics.upstream_errors.labels(e.kind or "other").inc()
+                raise
+            self.metrics.upstream_latency.labels(route).observe(self._reactor.seconds() - sent)
+            if response.code in config.retry_statuses and attempt < config.retries:
+                delay = _retry_after(response.headers)
+                if delay is None or delay <= config.max_retry_wait:
+                    attempt += 1
+                    await _discard(response)
+                    await self._retry_pause(attempt, delay, "status %d" % (response.code,))
+                    continue
+            return response
+
+    def _retry_pause(self, attempt: int, delay: float | None, why: str) -> Deferred:
+        if delay is None:
+            delay = min(8.0, 0.5 * 2 ** (attempt - 1))
+        self.metrics.retries.inc()
+        self.log.info("Retrying upstream request ({why}), attempt {attempt} in {delay}s", why=why, attempt=attempt + 1, delay=delay)
+        return deferLater(self._reactor, delay, lambda: None)
 
     async def _read_upstream_body(self, response) -> bytes:
         try:
@@ -252,12 +418,13 @@ class RelayApp:
         except CancelledError:
             raise
         except Exception as e:
-            raise RelayError(502, "The upstream's answer was cut off: %s." % (e.__class__.__name__,))
+            self.metrics.upstream_errors.labels("cut").inc()
+            raise RelayError(502, "The upstream's answer was cut off: %s." % (e.__class__.__name__,), kind="cut")
 
     def _translate_answer(self, answer: bytes, translation, request_id: str) -> bytes:
         try:
             message = ujson.loads(answer)
-        except ValueError:
+        except (ValueError, OverflowError):
             return answer
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             return answer
@@ -265,11 +432,19 @@ class RelayApp:
         if not responder.translate_message(message):
             return answer
         for rewrite in responder.rewrites:
-            self._log_rewrite(request_id, rewrite)
+            self._note_rewrite(request_id, rewrite)
         return _dumps(message)
 
-    async def _stream(self, request, response, exchange: "_Exchange") -> None:
+    async def _stream(self, request, response, exchange: "_Exchange", route, started, outcome) -> None:
         config = self._config
+        metrics = self.metrics
+        first_byte = [True]
+
+        def write(data: bytes) -> None:
+            if first_byte[0] and data:
+                first_byte[0] = False
+                metrics.time_to_first_byte.labels(route, "true").observe(self._reactor.seconds() - started)
+            request.write(data)
 
         def on_error_event(payload: dict) -> None:
             error = payload.get("error") if isinstance(payload, dict) else None
@@ -277,12 +452,12 @@ class RelayApp:
                 self._dump(exchange, response, None, stream_error=payload)
 
         gate = SSEGate(
-            request.write,
+            write,
             exchange.translation.response(),
             clock=self._reactor,
             idle_timeout=config.idle_timeout or None,
             ping_interval=config.ping_interval or None,
-            on_rewrite=lambda rewrite: self._log_rewrite(exchange.request_id, rewrite),
+            on_rewrite=lambda rewrite: self._note_rewrite(exchange.request_id, rewrite),
             on_error_event=on_error_event,
         )
         request.setHeader(b"cache-control", b"no-cache")
@@ -292,35 +467,41 @@ class RelayApp:
         request.write(b"")
         request.registerProducer(gate, True)
         response.deliverBody(gate)
+        over_time = []
+        timer = None
+        if config.total_timeout:
+            def too_long():
+                over_time.append(True)
+                gate.stopProducing()
+
+            timer = self._reactor.callLater(max(0.0, config.total_timeout - (self._reactor.seconds() - started)), too_long)
+        metrics.active_streams.inc()
         try:
             await gate.done
         except RelayError as e:
+            outcome.error = e.message
+            metrics.upstream_errors.labels(e.kind or "stream").inc()
             self.log.warn(
                 "Stream {relay_request_id} ended with an error: {message}",
                 relay_request_id=exchange.request_id,
                 message=e.message,
             )
             request.write(e.sse_event())
-        finally:
-            request.unregisterProducer()
-
-    async def _relay_get(self, request):
-        request_id = _new_request_id()
-        request.setHeader(RELAY_REQUEST_ID_HEADER, request_id.encode("ascii"))
-        started = self._reactor.seconds()
-        headers = upstream_request_headers(request.requestHeaders, self._config.upstream_key)
-        try:
-            response = await self._client.request(
-                request.method, _upstream_path(request), headers, None
+        except CancelledError:
+            if not over_time:
+                raise
+            error = RelayError(
+                504, "The request took longer than %g seconds, the relay's limit." % (config.total_timeout,),
+                kind="total_timeout",
             )
-            answer = await self._read_upstream_body(response)
-        except RelayError as e:
-            self._log_request(request, request_id, e.status, started, error=e.message)
-            return self._error(request, e, request_id)
-        request.setResponseCode(response.code)
-        _set_headers(request, client_response_headers(response.headers))
-        self._log_request(request, request_id, response.code, started)
-        return _whole(request, answer)
+            outcome.error = error.message
+            metrics.upstream_errors.labels(error.kind).inc()
+            request.write(error.sse_event())
+        finally:
+            metrics.active_streams.dec()
+            if timer is not None and timer.active():
+                timer.cancel()
+            request.unregisterProducer()
 
     # -- side effects -----------------------------------------------------
 
@@ -329,9 +510,7 @@ class RelayApp:
             return
         self._dumps.submit(
             relay_request_id=exchange.request_id,
-            upstream_request_id=(response.headers.getRawHeaders(b"request-id") or [b""])[0].decode(
-                "latin-1"
-            )
+            upstream_request_id=(response.headers.getRawHeaders(b"request-id") or [b""])[0].decode("latin-1")
             or None,
             received_at=exchange.received_at,
             upstream_url=exchange.url,
@@ -348,8 +527,9 @@ class RelayApp:
             session_id=_session_id(exchange.client_headers),
         )
 
-    def _log_repairs(self, request_id: str, translation) -> None:
+    def _note_repairs(self, request_id: str, translation) -> None:
         for entry in translation.repairs:
+            self.metrics.repairs.inc()
             self.log.info(
                 "Repaired duplicate id {client_id} as {upstream_id} at messages.{message_index}"
                 ".content.{block_index} ({relay_request_id})",
@@ -360,7 +540,17 @@ class RelayApp:
                 block_index=entry.block_index,
             )
 
-    def _log_rewrite(self, request_id: str, rewrite) -> None:
+    def _note_rewrite(self, request_id: str, rewrite) -> None:
+        self.metrics.ids_rewritten.labels(rewrite.block_type).inc()
+        if rewrite.suspected_double_emission:
+            self.metrics.suspected_double_emissions.inc()
+            self.log.warn(
+                "Suspected double emission: upstream repeated block {upstream_id} in one answer; "
+                "sent to the client as {client_id} ({relay_request_id})",
+                relay_request_id=request_id,
+                upstream_id=rewrite.upstream_id,
+                client_id=rewrite.client_id,
+            )
         self.log.info(
             "Rewrote upstream id {upstream_id} to {client_id} ({relay_request_id})",
             relay_request_id=request_id,
@@ -368,18 +558,6 @@ class RelayApp:
             client_id=rewrite.client_id,
             block_type=rewrite.block_type,
             suspected_double_emission=rewrite.suspected_double_emission,
-        )
-
-    def _log_request(self, request, request_id, status, started, stream=False, error=None) -> None:
-        self.log.info(
-            "{method} {path} {status} {duration_ms:.1f}ms ({relay_request_id})",
-            method=request.method.decode("ascii", "replace"),
-            path=request.path.decode("utf-8", "replace"),
-            status=status,
-            duration_ms=(self._reactor.seconds() - started) * 1000.0,
-            relay_request_id=request_id,
-            stream=stream,
-            error=error,
         )
 
 
@@ -391,10 +569,49 @@ class _Exchange:
     received_at: float
     url: str
     client_headers: Headers
-    client_body: bytes
+    client_body: bytes | None
     upstream_headers: Headers
-    upstream_body: bytes
+    upstream_body: bytes | None
     translation: object
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What the request log line and the metrics say of one request."""
+
+    status: int | None = None
+    stream: bool = False
+    error: str | None = None
+
+
+def _method_and_path(request) -> tuple[str, str]:
+    return request.method.decode("ascii", "replace"), request.path.decode("utf-8", "replace")
+
+
+def _retry_after(headers: Headers) -> float | None:
+    """The wait an upstream asks for: ``retry-after-ms``, or ``retry-after`` (seconds or a date)."""
+    for value in headers.getRawHeaders(b"retry-after-ms", []):
+        try:
+            return max(0.0, float(value) / 1000.0)
+        except ValueError:
+            pass
+    for value in headers.getRawHeaders(b"retry-after", []):
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            try:
+                return max(0.0, parsedate_to_datetime(value.decode("latin-1")).timestamp() - time.time())
+            except (TypeError, ValueError):
+                pass
+    return None
+
+
+async def _discard(response) -> None:
+    """Read and drop a body, so its connection can go back to the pool."""
+    try:
+        await treq.collect(response, lambda data: None)
+    except Exception:
+        pass
 
 
 def _upstream_path(request) -> str:

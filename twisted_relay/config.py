@@ -46,6 +46,24 @@ class RelayConfig:
     :ivar dump_retention_days: dumps older than this are deleted.
     :ivar dump_retention_bytes: the oldest dumps are deleted while the
         folder holds more than this.
+    :ivar total_timeout: seconds a request may take end to end, stream
+        included; 0 for no limit.
+    :ivar request_read_timeout: seconds a client may take to send a whole
+        request (headers and body); slower ones are cut (slowloris).
+    :ivar relay_keys: keys clients must present (``x-api-key`` or
+        ``Authorization: Bearer``); empty lets every client in. A relay key
+        is never forwarded upstream.
+    :ivar max_concurrent: requests relayed upstream at once; past it the
+        relay answers ``529 overloaded_error`` at once. 0 for no limit.
+    :ivar retries: times a request is sent again after a failure before any
+        byte reached the client (connection failures, and the statuses in
+        ``retry_statuses``); 0 never retries.
+    :ivar retry_statuses: upstream statuses worth a retry.
+    :ivar max_retry_wait: longest ``retry-after`` the relay waits out;
+        longer ones are passed to the client.
+    :ivar shutdown_grace: seconds streams in flight may go on after the
+        relay is told to stop.
+    :ivar metrics: serve Prometheus metrics at ``/metrics``.
     :ivar simulate: run the embedded simulated upstream in this mode
         (``strict``, ``stateful`` or ``lenient``) and relay to it.
     :ivar simulate_options: keyword arguments for the simulated upstream.
@@ -65,6 +83,15 @@ class RelayConfig:
     dump_max_bytes: int = 64 * MiB
     dump_retention_days: float = 30.0
     dump_retention_bytes: int = 1024 * MiB
+    total_timeout: float = 0.0
+    request_read_timeout: float = 120.0
+    relay_keys: tuple[str, ...] = ()
+    max_concurrent: int = 4096
+    retries: int = 0
+    retry_statuses: tuple[int, ...] = (429, 500, 502, 503, 504, 529)
+    max_retry_wait: float = 60.0
+    shutdown_grace: float = 30.0
+    metrics: bool = True
     simulate: str | None = None
     simulate_options: dict = field(default_factory=dict)
 
@@ -74,4 +101,4 @@ class RelayConfig:
 
     def secrets(self) -> tuple[str, ...]:
         """Every key this configuration holds, for redaction."""
-        return tuple(s for s in (self.upstream_key,) if s)
+        return tuple(s for s in (self.upstream_key,) + tuple(self.relay_keys) if s)

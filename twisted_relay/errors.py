@@ -71,13 +71,18 @@ class RelayError(Exception):
     :ivar status: the HTTP status to answer with.
     :ivar error_type: the Anthropic ``error.type``.
     :ivar message: the human-readable message.
+    :ivar kind: a short word for metrics and retries (``connect``,
+        ``dropped``, ``timeout``, ...), or ``None``.
     """
 
-    def __init__(self, status: int, message: str, error_type: str | None = None):
+    def __init__(
+        self, status: int, message: str, error_type: str | None = None, kind: str | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type or ERROR_TYPES.get(status, "api_error")
+        self.kind = kind
 
     def body(self, request_id: str | None = None) -> bytes:
         """The JSON error body for this failure."""

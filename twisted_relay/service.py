@@ -15,25 +15,17 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet import endpoints
 from twisted.logger import Logger
-from twisted.web.server import Site
+from twisted.internet.defer import DeferredList, maybeDeferred, succeed
 
+from twisted_relay._version import __version__
 from twisted_relay.app import RelayApp
 from twisted_relay.config import RelayConfig
 from twisted_relay.dumps import DumpWriter
-from twisted_relay._version import __version__
+from twisted_relay.metrics import RelayMetrics
+from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient
 
 __all__ = ["Relay", "RelaySite", "make_service"]
-
-
-class RelaySite(Site):
-    """
-    A ``Site`` for the relay: the relay logs one structured event per request
-    itself, so the site writes no access log line of its own.
-    """
-
-    def log(self, request) -> None:
-        pass
 
 
 class _UpstreamPoolService(Service):
@@ -87,6 +79,44 @@ class _SimulatedUpstreamService(Service):
             return self._port.stopListening()
 
 
+class _RelayService(MultiService):
+    """
+    The relay's services, stopped in order for a graceful shutdown: stop
+    accepting connections, let requests in flight finish (up to the grace
+    period), then drain the dump writer and close the connection pool.
+    """
+
+    log = Logger()
+
+    def __init__(self, app: RelayApp, grace: float):
+        super().__init__()
+        self._app = app
+        self._grace = grace
+
+    def stopService(self):
+        Service.stopService(self)
+        children = list(self)
+        listeners = [s for s in children if isinstance(s, StreamServerEndpointService)]
+        rest = [s for s in reversed(children) if s not in listeners]
+
+        def stop_all(services):
+            return DeferredList(
+                [maybeDeferred(s.stopService) for s in services if s.running], consumeErrors=True
+            )
+
+        def stop_rest(_):
+            d = succeed(None)
+            for service in rest:
+                if service.running:
+                    d.addCallback(lambda _, service=service: service.stopService())
+            return d
+
+        d = stop_all(listeners)
+        d.addCallback(lambda _: self._app.drain(self._grace))
+        d.addCallback(stop_rest)
+        return d
+
+
 class Relay:
     """
     The relay's parts, built from one :class:`RelayConfig`.
@@ -124,11 +154,10 @@ class Relay:
                     "upstream_ids": config.upstream_ids,
                 },
             )
-        self.app = RelayApp(config, self.client, reactor=reactor, dumps=self.dumps)
+        self.metrics = RelayMetrics(self.dumps)
+        self.app = RelayApp(config, self.client, reactor=reactor, dumps=self.dumps, metrics=self.metrics)
 
-        self.service = MultiService()
-        # MultiService stops its children in reverse order: listeners stop
-        # accepting first, then dumps drain, then the pool closes.
+        self.service = _RelayService(self.app, config.shutdown_grace)
         _UpstreamPoolService(self.client).setServiceParent(self.service)
         if self.dumps is not None:
             self.dumps.setServiceParent(self.service)
@@ -136,7 +165,11 @@ class Relay:
             _SimulatedUpstreamService(
                 reactor, self.client, config.simulate, dict(config.simulate_options)
             ).setServiceParent(self.service)
-        site = RelaySite(self.app.resource())
+        site = RelaySite(
+            self.app.resource(),
+            max_body=config.max_body,
+            request_read_timeout=config.request_read_timeout or None,
+        )
         for description in config.listen:
             endpoint = endpoints.serverFromString(reactor, description)
             listener = StreamServerEndpointService(endpoint, site)

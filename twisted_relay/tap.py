@@ -30,6 +30,29 @@ def _positive(name: str, value: str, *, allow_zero: bool = False) -> float:
     return number
 
 
+def _whole(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise usage.UsageError("--%s must be a whole number, zero or more, not %r." % (name, value))
+    return number
+
+
+def _read_keys(path: str) -> tuple[str, ...]:
+    """Read a relay keys file: one key a line; blank lines and ``#`` comments skipped."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise usage.UsageError("--relay-keys: cannot read %r: %s" % (path, e))
+    keys = tuple(line.strip() for line in lines if line.strip() and not line.strip().startswith("#"))
+    if not keys:
+        raise usage.UsageError("--relay-keys: %r holds no key." % (path,))
+    return keys
+
+
 def _size(name: str, value: str) -> int:
     """Parse a byte size: ``1048576``, ``512K``, ``32M``, ``1G``."""
     text = value.strip().upper().removesuffix("B").removesuffix("I")
@@ -85,12 +108,26 @@ class Options(usage.Options):
             "Run the embedded simulated upstream in this mode (strict, stateful or lenient) "
             "and relay to it: no key and no network needed.",
         ],
+        ["total-timeout", None, "0", "Seconds a request may take end to end, stream included (0: no limit)."],
+        ["request-read-timeout", None, "120", "Seconds a client may take to send a whole request (0: no limit)."],
+        [
+            "relay-keys",
+            None,
+            None,
+            "File of keys clients must present (one a line, # comments); a relay key is never sent upstream.",
+        ],
+        ["max-concurrent", None, "4096", "Requests relayed at once; past it, 529 overloaded_error (0: no limit)."],
+        ["retries", None, "0", "Times to resend a request that failed before any byte reached the client."],
+        ["retry-statuses", None, "429,500,502,503,504,529", "Upstream statuses worth a retry."],
+        ["max-retry-wait", None, "60", "Longest retry-after the relay waits out before passing it on."],
+        ["shutdown-grace", None, "30", "Seconds requests in flight may go on after the relay is told to stop."],
         ["simulate-seed", None, "1", "Seed of the simulated upstream."],
         ["simulate-reuse-every", None, "3", "The simulated model reuses an id every N tool calls (0: never)."],
         ["simulate-event-delay", None, "0", "Seconds between the simulated upstream's stream events."],
     ]
     optFlags = [
         ["no-dumps", None, "Write no diagnostic dumps."],
+        ["no-metrics", None, "Serve no Prometheus metrics at /metrics."],
     ]
 
     def __init__(self):
@@ -149,6 +186,19 @@ class Options(usage.Options):
             raise usage.UsageError("--max-upstream-connections must be a whole number above zero.")
 
         upstream_key = self["upstream-key"] or os.environ.get("TWISTED_RELAY_UPSTREAM_KEY") or None
+        relay_keys = _read_keys(self["relay-keys"]) if self["relay-keys"] else ()
+        max_concurrent = _whole("max-concurrent", self["max-concurrent"])
+        retries = _whole("retries", self["retries"])
+        try:
+            retry_statuses = tuple(int(part) for part in self["retry-statuses"].split(",") if part.strip())
+        except ValueError:
+            raise usage.UsageError(
+                "--retry-statuses must be HTTP statuses separated by commas, not %r." % (self["retry-statuses"],)
+            )
+        if any(status < 400 or status > 599 or 400 <= status < 429 for status in retry_statuses):
+            raise usage.UsageError(
+                "--retry-statuses may hold 429 and 5xx statuses only: a 4xx such as 400 will fail again."
+            )
         self.config = RelayConfig(
             listen=listen,
             upstream=upstream,
@@ -164,6 +214,15 @@ class Options(usage.Options):
             dump_max_bytes=_size("dump-max-bytes", self["dump-max-bytes"]),
             dump_retention_days=_positive("dump-retention-days", self["dump-retention-days"]),
             dump_retention_bytes=_size("dump-retention-bytes", self["dump-retention-bytes"]),
+            total_timeout=_positive("total-timeout", self["total-timeout"], allow_zero=True),
+            request_read_timeout=_positive("request-read-timeout", self["request-read-timeout"], allow_zero=True),
+            relay_keys=relay_keys,
+            max_concurrent=max_concurrent,
+            retries=retries,
+            retry_statuses=retry_statuses,
+            max_retry_wait=_positive("max-retry-wait", self["max-retry-wait"], allow_zero=True),
+            shutdown_grace=_positive("shutdown-grace", self["shutdown-grace"], allow_zero=True),
+            metrics=not self["no-metrics"],
             simulate=simulate,
             simulate_options={
                 "seed": seed,

@@ -81,19 +81,22 @@ def _copy_headers(headers: Headers, skip: Iterable[bytes]) -> Headers:
 
 
 def upstream_request_headers(
-    client_headers: Headers, upstream_key: str | None
+    client_headers: Headers, upstream_key: str | None, *, strip_credentials: bool = False
 ) -> Headers:
     """
     The headers to send upstream for a client's request.
 
     Every end-to-end header passes through verbatim (``anthropic-*``,
     ``x-claude-code-*``, ``user-agent``, ``content-type``, ...). With an
-    upstream key configured, the client's own credentials are replaced by it.
+    upstream key configured, the client's own credentials are replaced by it;
+    with ``strip_credentials`` (the client's key is a relay key) they are
+    never forwarded.
     """
     headers = _copy_headers(client_headers, _NOT_FORWARDED_UPSTREAM)
-    if upstream_key:
+    if upstream_key or strip_credentials:
         for name in _CREDENTIALS:
             headers.removeHeader(name)
+    if upstream_key:
         headers.setRawHeaders(b"x-api-key", [upstream_key.encode("utf-8")])
     return headers
 
@@ -201,6 +204,7 @@ class UpstreamClient:
         path_and_query: str,
         headers: Headers,
         body: bytes | None,
+        timeout: float | None = None,
     ) -> "Deferred[IResponse]":
         """
         Send one request upstream; fire with its response once the headers
@@ -209,7 +213,12 @@ class UpstreamClient:
         Fails with a :class:`RelayError` that says what happened when the
         upstream cannot be reached (502) or sends no headers in time (504).
         Cancelling the returned Deferred aborts the upstream request.
+
+        :param timeout: seconds to wait for the headers, if sooner than the
+            client's ``response_timeout``.
         """
+        if timeout is None or timeout > self.response_timeout:
+            timeout = self.response_timeout
         url = self.url_for(path_and_query).encode("utf-8")
         timed_out = []
         d = self._agent.request(
@@ -220,7 +229,7 @@ class UpstreamClient:
             timed_out.append(True)
             d.cancel()
 
-        timer = self._reactor.callLater(self.response_timeout, on_timeout)
+        timer = self._reactor.callLater(timeout, on_timeout)
 
         def done(result):
             if timer.active():
@@ -230,9 +239,7 @@ class UpstreamClient:
         def failed(failure):
             if timed_out:
                 raise RelayError(
-                    504,
-                    "The upstream sent no response within %g seconds."
-                    % (self.response_timeout,),
+                    504, "The upstream sent no response within %g seconds." % (timeout,), kind="timeout"
                 )
             if _cancelled(failure):
                 return failure
@@ -259,24 +266,29 @@ def _cancelled(failure) -> bool:
 def _relay_error_for(failure, base_url: str) -> RelayError:
     """Turn a connection-level failure into the error a client sees."""
     if failure.check(TimeoutError):
-        return RelayError(504, "Timed out connecting to the upstream at %s." % (base_url,))
+        return RelayError(
+            504, "Timed out connecting to the upstream at %s." % (base_url,), kind="connect"
+        )
     if failure.check(DNSLookupError):
         return RelayError(
-            502, "Could not resolve the upstream host of %s." % (base_url,)
+            502, "Could not resolve the upstream host of %s." % (base_url,), kind="connect"
         )
     if failure.check(ConnectError):
         return RelayError(
             502,
             "Could not connect to the upstream at %s: %s."
             % (base_url, failure.getErrorMessage() or failure.type.__name__),
+            kind="connect",
         )
     if failure.check(ResponseNeverReceived):
         return RelayError(
             502,
             "The upstream at %s closed the connection before answering." % (base_url,),
+            kind="dropped",
         )
     return RelayError(
         502,
         "The request to the upstream at %s failed: %s."
         % (base_url, failure.getErrorMessage() or failure.type.__name__),
+        kind="failed",
     )

@@ -1,0 +1,112 @@
+# -*- test-case-name: tests.test_hardening -*-
+"""
+The relay's HTTP server side: a ``Site`` that guards against oversized and
+slow request bodies, and logs nothing of its own.
+"""
+
+from __future__ import annotations
+
+import io
+
+from twisted.web.http import HTTPChannel
+from twisted.web.server import Request, Site
+
+from twisted_relay.errors import RelayError
+
+__all__ = ["RelaySite"]
+
+
+class _RelayRequest(Request):
+    """
+    A request that stops storing its body once it is over the site's
+    ``max_body``: the route then answers 413, and the relay never holds an
+    oversized body in memory or on disk.
+    """
+
+    body_too_large = False
+    _limit = None
+    _received = 0
+
+    def gotLength(self, length):
+        self._limit = getattr(self.channel.site, "max_body", None)
+        if self._limit is not None and length is not None and length > self._limit:
+            self.body_too_large = True
+            self.content = io.BytesIO()
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data):
+        if self.body_too_large:
+            return
+        self._received += len(data)
+        if self._limit is not None and self._received > self._limit:
+            self.body_too_large = True
+            self.content.close()
+            self.content = io.BytesIO()
+            return
+        self.content.write(data)
+
+
+class _RelayChannel(HTTPChannel):
+    """
+    An HTTP/1.1 channel that gives a client ``request_read_timeout`` seconds
+    to send each whole request, headers and body: a client that trickles
+    bytes (slowloris) gets a 408 and is disconnected.
+    """
+
+    _read_deadline = None
+
+    def dataReceived(self, data):
+        timeout = getattr(self.site, "request_read_timeout", None)
+        if timeout and self._read_deadline is None and not self._handlingRequest:
+            self._read_deadline = self.callLater(timeout, self._too_slow)
+        super().dataReceived(data)
+
+    def allContentReceived(self):
+        self._cancel_read_deadline()
+        super().allContentReceived()
+
+    def connectionLost(self, reason):
+        self._cancel_read_deadline()
+        super().connectionLost(reason)
+
+    def _cancel_read_deadline(self) -> None:
+        if self._read_deadline is not None:
+            if self._read_deadline.active():
+                self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _too_slow(self) -> None:
+        self._read_deadline = None
+        body = RelayError(
+            408,
+            "The request was not received within %g seconds." % (self.site.request_read_timeout,),
+        ).body()
+        self.transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        self.transport.loseConnection()
+
+
+class RelaySite(Site):
+    """
+    A ``Site`` for the relay.
+
+    It writes no access-log line (the relay logs one structured event per
+    request itself), stops storing request bodies over ``max_body``, and
+    cuts clients that take over ``request_read_timeout`` seconds to send a
+    request. Idle keep-alive connections close after ``timeout`` seconds.
+    """
+
+    requestFactory = _RelayRequest
+    protocol = _RelayChannel
+
+    def __init__(self, resource, *, max_body: int | None = None, request_read_timeout: float | None = None,
+                 timeout: float = 120, **kwargs):
+        super().__init__(resource, timeout=timeout, **kwargs)
+        self.max_body = max_body
+        self.request_read_timeout = request_read_timeout
+
+    def log(self, request) -> None:
+        pass
