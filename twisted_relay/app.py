@@ -345,7 +345,7 @@ class RelayApp:
             return self._error(request, e, request_id)
 
         exchange = _Exchange(
-            request_id, received_at, self._client.url_for(path), request.requestHeaders,
+            request_id, received_at, self._client.display_url + path, request.requestHeaders,
             raw, headers, upstream_body, translation,
         )
         request.setResponseCode(response.code)

@@ -23,7 +23,7 @@ from twisted_relay.config import RelayConfig
 from twisted_relay.dumps import DumpWriter
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.site import RelaySite
-from twisted_relay.upstream import UpstreamClient
+from twisted_relay.upstream import UpstreamClient, display_url
 
 __all__ = ["Relay", "RelaySite", "make_service"]
 
@@ -150,7 +150,7 @@ class Relay:
                 retention_bytes=config.dump_retention_bytes,
                 settings={
                     "version": __version__,
-                    "upstream": config.upstream if not config.simulate else "simulated:" + config.simulate,
+                    "upstream": display_url(config.upstream) if not config.simulate else "simulated:" + config.simulate,
                     "upstream_ids": config.upstream_ids,
                 },
             )

@@ -23,6 +23,7 @@ from twisted_relay.errors import RelayError
 
 __all__ = [
     "HOP_BY_HOP",
+    "display_url",
     "UpstreamClient",
     "client_response_headers",
     "upstream_request_headers",
@@ -192,7 +193,7 @@ class UpstreamClient:
     @base_url.setter
     def base_url(self, value: str | None) -> None:
         self._base_url = value.rstrip("/") if value else value
-        self._base_path = urlsplit(self._base_url).path if value else ""
+        self.display_url = display_url(self._base_url) if value else value
 
     def url_for(self, path_and_query: str) -> str:
         """The upstream URL for a client's path and query string."""
@@ -243,7 +244,7 @@ class UpstreamClient:
                 )
             if _cancelled(failure):
                 return failure
-            raise _relay_error_for(failure, self._base_url)
+            raise _relay_error_for(failure, self.display_url)
 
         d.addBoth(done)
         d.addErrback(failed)
@@ -252,6 +253,17 @@ class UpstreamClient:
     def close(self) -> Deferred:
         """Close the pooled connections; fires when they are closed."""
         return self._pool.closeCachedConnections()
+
+
+def display_url(url: str) -> str:
+    """A URL fit for logs and error messages: any ``user:password@`` removed."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = "%s:%d" % (host, parts.port)
+    return parts._replace(netloc=host).geturl()
 
 
 def _cancelled(failure) -> bool:
