@@ -45,11 +45,28 @@ class MetricsTests(SynchronousTestCase):
         """
         clock = MemoryReactorClock()
         sim = SimulatedUpstream(mode="strict", seed=2, reuse_every=1, reactor=clock)
-        relay = InMemoryRelay(sim.resource(), RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None), clock=clock)
+        relay = InMemoryRelay(
+            sim.resource(), RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None), clock=clock
+        )
         history = [
             {"role": "user", "content": "go"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01AAAAAAAAAAAAAAAAAAAAAA", "name": "get_weather", "input": {}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01AAAAAAAAAAAAAAAAAAAAAA", "content": "ok"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_01AAAAAAAAAAAAAAAAAAAAAA",
+                        "name": "get_weather",
+                        "input": {},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_01AAAAAAAAAAAAAAAAAAAAAA", "content": "ok"}
+                ],
+            },
         ]
         d = relay.post("/v1/messages", messages_body(history, stream=True))
         relay.flush()
@@ -73,9 +90,15 @@ class MetricsTests(SynchronousTestCase):
         history = [
             {"role": "user", "content": "go"},
             {"role": "assistant", "content": [use]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_dup", "content": "1"}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_dup", "content": "1"}],
+            },
             {"role": "assistant", "content": [dict(use)]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_dup", "content": "2"}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_dup", "content": "2"}],
+            },
         ]
         d = relay.post("/v1/messages", messages_body(history))
         relay.flush()
@@ -111,7 +134,9 @@ class DisplayURLTests(SynchronousTestCase):
         """
         ``user:password@`` is dropped, the rest kept.
         """
-        self.assertEqual(display_url("https://me:s3cret@host.example:8443/base"), "https://host.example:8443/base")
+        self.assertEqual(
+            display_url("https://me:s3cret@host.example:8443/base"), "https://host.example:8443/base"
+        )
         self.assertEqual(display_url("https://host.example"), "https://host.example")
 
 
@@ -128,7 +153,9 @@ class JSONLogTests(SynchronousTestCase):
         out = io.StringIO()
         self.patch(__import__("sys"), "stdout", out)
         observer = json_stdout()
-        Logger(observer=observer).info("{method} {path} {status}", method="POST", path="/v1/messages", status=200)
+        Logger(observer=observer).info(
+            "{method} {path} {status}", method="POST", path="/v1/messages", status=200
+        )
         line = out.getvalue().strip().strip("\x1e")
         event = json.loads(line)
         self.assertEqual((event["method"], event["status"]), ("POST", 200))
@@ -144,8 +171,10 @@ class BodyLimitTests(SynchronousTestCase):
 
         from twisted_relay.site import _RelayRequest
 
+        from twisted.web.resource import Resource
+
         channel = DummyChannel()
-        channel.site = type("FakeSite", (), {"max_body": max_body})()
+        channel.site = RelaySite(Resource(), max_body=max_body)
         return _RelayRequest(channel)
 
     def test_declared_length(self):
@@ -190,7 +219,9 @@ class SiteTests(TestCase):
     """
 
     def serve(self, **settings):
-        sim_port = reactor.listenTCP(0, Site(SimulatedUpstream(mode="lenient").resource()), interface="127.0.0.1")
+        sim_port = reactor.listenTCP(
+            0, Site(SimulatedUpstream(mode="lenient").resource()), interface="127.0.0.1"
+        )
         self.addCleanup(sim_port.stopListening)
         config = RelayConfig(
             listen=(), upstream="http://127.0.0.1:%d" % (sim_port.getHost().port,), dump_dir=None
@@ -198,7 +229,9 @@ class SiteTests(TestCase):
         relay = Relay(config, reactor)
         relay.service.startService()
         self.addCleanup(relay.service.stopService)
-        site = RelaySite(relay.resource(), max_body=config.max_body, request_read_timeout=config.request_read_timeout)
+        site = RelaySite(
+            relay.resource(), max_body=config.max_body, request_read_timeout=config.request_read_timeout
+        )
         port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         return port.getHost().port, relay
@@ -234,7 +267,7 @@ class SiteTests(TestCase):
                     b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
                 )
                 for i in range(0, len(payload), 700):
-                    piece = payload[i:i + 700]
+                    piece = payload[i : i + 700]
                     s.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
                 s.sendall(b"0\r\n\r\n")
                 answer = b""
