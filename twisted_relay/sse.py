@@ -23,6 +23,8 @@ from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTim
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
 from twisted_relay.errors import RelayError
@@ -193,7 +195,8 @@ class EventFramer:
         elif buf[start] == 10:
             end = start + 1
         else:
-            p = buf.find(b"\n\n", max(start, self._seen - 1))
+            seen = self._seen
+            p = buf.find(b"\n\n", start if seen <= start else seen - 1)
             if p < 0:
                 self._seen = n
                 self._line = buf.rfind(b"\n", start, n) + 1 or start
@@ -237,25 +240,32 @@ def _copy(buf: bytes | bytearray, start: int, end: int) -> bytes:
     return bytes(memoryview(buf)[start:end])
 
 
-def _event_name_at(buf: bytes | bytearray, start: int, end: int) -> bytes | None:
+def _event_name_at(
+    buf: bytes | bytearray, start: int, end: int, cr: bool = True
+) -> bytes | None:
     """
     The ``event`` field of the raw event in ``buf[start:end]``.
 
     The common shape (``event:`` on the first line, no other ``event`` line)
-    costs a few ``find`` calls; anything else falls back to a line parse.
+    costs three ``find`` calls, five when ``cr`` says the buffer may hold a
+    ``\\r``; anything else falls back to a line parse.
     """
     if buf.startswith(b"event:", start):
         eol = buf.find(b"\n", start, end)
         if eol < 0:
             eol = end
-        cr = buf.find(b"\r", start, eol)
-        if cr >= 0:
-            eol = cr
-        if buf.find(b"\nevent", eol, end) < 0 and buf.find(b"\revent", eol, end) < 0:
+        if cr:
+            at = buf.find(b"\r", start, eol)
+            if at >= 0:
+                eol = at
+        if buf.find(b"\nevent", eol, end) < 0 and not (cr and buf.find(b"\revent", eol, end) >= 0):
             value_start = start + 6
-            if buf[value_start : value_start + 1] == b" ":
+            if value_start < eol and buf[value_start] == 32:
                 value_start += 1
-            return bytes(buf[value_start:eol]) or None
+            name = buf[value_start:eol]
+            if type(name) is not bytes:
+                name = bytes(name)
+            return name or None
     name = None
     for line in bytes(buf[start:end]).splitlines():
         if line.startswith(b":"):
@@ -302,6 +312,15 @@ def parse_event(raw: bytes) -> tuple[str | None, str]:
         elif field == "data":
             data.append(value)
     return name or None, "\n".join(data)
+
+
+def _ending(reason: Failure | None) -> str:
+    """How an upstream body ended, in words for an error message."""
+    if reason is None or reason.check(ResponseDone):
+        return "the body ended"
+    if reason.check(PotentialDataLoss):
+        return "the connection closed with no end marker"
+    return "the connection was lost: %s" % (reason.type.__name__,)
 
 
 def _dumps(obj: object) -> bytes:
@@ -428,7 +447,7 @@ class SSEGate(Protocol):
         self._drain()
         if self.done.called:
             return
-        why = reason.type.__name__ if reason is not None else "no reason"
+        why = _ending(reason)
         if self._framer.pending:
             self._fail(
                 RelayError(502, "The upstream stream was cut in the middle of an event (%s)." % (why,)),
@@ -504,11 +523,12 @@ class SSEGate(Protocol):
         framer = self._framer
         buf = framer._buf
         next_end = framer._next_end
-        out_start = framer._start
+        cr = framer._cr
+        out_start = start = framer._start
         pieces = None
         too_large = None
+        count = 0
         while not self._paused:
-            start = framer._start
             try:
                 end = next_end()
             except EventTooLarge as e:
@@ -516,8 +536,8 @@ class SSEGate(Protocol):
                 break
             if end < 0:
                 break
-            self.events_received += 1
-            name = _event_name_at(buf, start, end)
+            count += 1
+            name = _event_name_at(buf, start, end, cr)
             if name in _PARSED:
                 replacement = self._decide(name, _copy(buf, start, end))
                 if replacement is not None:
@@ -528,6 +548,8 @@ class SSEGate(Protocol):
                     out_start = end
             elif name == _MESSAGE_STOP:
                 self.message_stop_seen = True
+            start = end
+        self.events_received += count
         stop = framer._start
         if pieces is None:
             out = _copy(buf, out_start, stop)
@@ -545,15 +567,20 @@ class SSEGate(Protocol):
         Parse one event that may carry ids; return its new bytes when the
         translator changed it, else ``None`` (the original bytes stay).
         """
+        if name == _ERROR:
+            # The upstream reported its own end, readable or not.
+            self.error_event_seen = True
         try:
             payload = ujson.loads(parse_event(raw)[1])
         except ValueError:
-            self.log.warn("An upstream {name} event is not JSON; passed through.", name=name)
+            self.log.warn(
+                "An upstream {name} event is not JSON; passed through.",
+                name=name.decode("ascii", "replace"),
+            )
             return None
         if not isinstance(payload, dict):
             return None
         if name == _ERROR:
-            self.error_event_seen = True
             if self._on_error_event is not None:
                 self._on_error_event(payload)
             return None
