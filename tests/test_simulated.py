@@ -14,7 +14,6 @@ import treq
 from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.error import ConnectionDone
-from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
@@ -192,7 +191,9 @@ class _Upstream:
             self.clock.advance(1)
         self.stub.flush()
 
-    def request(self, method: str, path: str, body: Any = None, headers: dict | None = None) -> tuple[Any, bytes]:
+    def request(
+        self, method: str, path: str, body: Any = None, headers: dict | None = None
+    ) -> tuple[Any, bytes]:
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode("utf-8")
         d = self.stub.request(method, BASE + path, data=data, headers=headers or {})
         self.settle()
@@ -221,7 +222,9 @@ def _result(d: Deferred) -> Any:
 class _ErrorAssertions:
     """Checks shared by the test cases that look at Anthropic errors."""
 
-    def assert_error(self, response: Any, body: Any, status: int, error_type: str, message: str | None = None) -> None:
+    def assert_error(
+        self, response: Any, body: Any, status: int, error_type: str, message: str | None = None
+    ) -> None:
         self.assertEqual(response.code, status)
         self.assertEqual(body["type"], "error")
         self.assertEqual(body["error"]["type"], error_type)
@@ -258,13 +261,25 @@ class StrictModeTests(_ErrorAssertions, SynchronousTestCase):
             _results("toolu_a"),
         ]
         response, body = self.upstream.post(_body(messages))
-        self.assert_error(response, body, 400, "invalid_request_error", "messages.3.content.1: `tool_use` ids must be unique")
+        self.assert_error(
+            response,
+            body,
+            400,
+            "invalid_request_error",
+            "messages.3.content.1: `tool_use` ids must be unique",
+        )
 
     def test_duplicate_inside_one_message(self) -> None:
         """Two parallel calls with one id are a duplicate too."""
         messages = [{"role": "user", "content": "hi"}, _assistant("toolu_a", "toolu_a"), _results("toolu_a")]
         response, body = self.upstream.post(_body(messages))
-        self.assert_error(response, body, 400, "invalid_request_error", "messages.1.content.2: `tool_use` ids must be unique")
+        self.assert_error(
+            response,
+            body,
+            400,
+            "invalid_request_error",
+            "messages.1.content.2: `tool_use` ids must be unique",
+        )
 
     def test_server_tool_duplicate(self) -> None:
         """A server_tool_use id repeating across turns is rejected like a tool_use one."""
@@ -276,7 +291,13 @@ class StrictModeTests(_ErrorAssertions, SynchronousTestCase):
             {"role": "user", "content": "encore"},
         ]
         response, body = self.upstream.post(_body(messages))
-        self.assert_error(response, body, 400, "invalid_request_error", "messages.3.content.1: `tool_use` ids must be unique")
+        self.assert_error(
+            response,
+            body,
+            400,
+            "invalid_request_error",
+            "messages.3.content.1: `tool_use` ids must be unique",
+        )
 
     def test_unexpected_tool_result(self) -> None:
         """A tool_result that answers no tool_use of the previous message is a 400 naming the id."""
@@ -302,7 +323,9 @@ class StrictModeTests(_ErrorAssertions, SynchronousTestCase):
         ]
         response, body = self.upstream.post(_body(messages))
         self.assertEqual(response.code, 400)
-        self.assertIn("unexpected `tool_use_id` found in `tool_result` blocks: toolu_a.", body["error"]["message"])
+        self.assertIn(
+            "unexpected `tool_use_id` found in `tool_result` blocks: toolu_a.", body["error"]["message"]
+        )
         self.assertTrue(body["error"]["message"].startswith("messages.4.content.0: "))
 
     def test_missing_tool_result(self) -> None:
@@ -320,7 +343,11 @@ class StrictModeTests(_ErrorAssertions, SynchronousTestCase):
 
     def test_tool_use_id_pattern(self) -> None:
         """A tool_use id outside ^[a-zA-Z0-9_-]+$ (a Kimi id) is rejected with the pattern."""
-        messages = [{"role": "user", "content": "hi"}, _assistant("functions.Bash:0"), _results("functions.Bash:0")]
+        messages = [
+            {"role": "user", "content": "hi"},
+            _assistant("functions.Bash:0"),
+            _results("functions.Bash:0"),
+        ]
         response, body = self.upstream.post(_body(messages))
         self.assert_error(
             response,
@@ -361,8 +388,12 @@ class StrictModeTests(_ErrorAssertions, SynchronousTestCase):
     def test_server_result_needs_its_call(self) -> None:
         """A web_search_tool_result must point at a server_tool_use of its own message."""
         message = _assistant("srvtoolu_01a", kind="server_tool_use")
-        message["content"].append({"type": "web_search_tool_result", "tool_use_id": "srvtoolu_01b", "content": []})
-        response, body = self.upstream.post(_body([{"role": "user", "content": "hi"}, message, {"role": "user", "content": "ok"}]))
+        message["content"].append(
+            {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_01b", "content": []}
+        )
+        response, body = self.upstream.post(
+            _body([{"role": "user", "content": "hi"}, message, {"role": "user", "content": "ok"}])
+        )
         self.assertEqual(response.code, 400)
         self.assertIn("srvtoolu_01b", body["error"]["message"])
 
@@ -372,8 +403,10 @@ class StrictModeTests(_ErrorAssertions, SynchronousTestCase):
             ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens: Field required"),
             ({"max_tokens": 5, "messages": []}, "model: Field required"),
             ({"model": "m", "max_tokens": 5}, "messages: Field required"),
-            ({"model": "m", "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]},
-             "messages.0.role: Input should be 'user' or 'assistant'"),
+            (
+                {"model": "m", "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]},
+                "messages.0.role: Input should be 'user' or 'assistant'",
+            ),
         ]
         for body, message in cases:
             response, answer = self.upstream.post(body)
@@ -449,7 +482,13 @@ class StatefulModeTests(_ErrorAssertions, SynchronousTestCase):
         messages = self._converse(1)
         messages[2]["content"][0]["tool_use_id"] = "toolu_never"
         response, body = self.upstream.post(_body(messages))
-        self.assert_error(response, body, 400, "invalid_request_error", "messages.2.content.0: `tool_use_id` toolu_never was never issued")
+        self.assert_error(
+            response,
+            body,
+            400,
+            "invalid_request_error",
+            "messages.2.content.0: `tool_use_id` toolu_never was never issued",
+        )
 
     def test_unknown_conversation(self) -> None:
         """A history with declarations from a conversation the upstream never had is a 400."""
@@ -575,7 +614,9 @@ class ModelTests(SynchronousTestCase):
         """Kimi style numbers calls within the turn, so ids repeat every turn."""
         for _, answer in _session(ModelOptions(id_style="kimi", parallel=3), 4):
             calls = [block for block in answer["content"] if block["type"] == "tool_use"]
-            self.assertEqual([c["id"] for c in calls], [f"functions.{c['name']}:{i}" for i, c in enumerate(calls)])
+            self.assertEqual(
+                [c["id"] for c in calls], [f"functions.{c['name']}:{i}" for i, c in enumerate(calls)]
+            )
 
     def test_parallel(self) -> None:
         """parallel=N gives N tool_use blocks, and reuse sometimes repeats an id inside one answer."""
@@ -590,7 +631,9 @@ class ModelTests(SynchronousTestCase):
     def test_server_tools(self) -> None:
         """A server_tool_use comes with a web_search_tool_result pointing at it, and is reused too."""
         seen: list[str] = []
-        for call, (history, answer) in enumerate(_session(ModelOptions(seed=5, server_tools=True), 9), start=1):
+        for call, (history, answer) in enumerate(
+            _session(ModelOptions(seed=5, server_tools=True), 9), start=1
+        ):
             kinds = [block["type"] for block in answer["content"]]
             self.assertEqual(kinds, ["server_tool_use", "web_search_tool_result", "text", "tool_use"])
             server, result = answer["content"][:2]
@@ -647,8 +690,10 @@ class StreamTests(SynchronousTestCase):
     def test_cuts_at_odd_places(self) -> None:
         """Split pieces cut a UTF-8 character, a CRLF pair and event boundaries."""
         message = compose_answer(_body([{"role": "user", "content": "hi"}]), ModelOptions(server_tools=True))
-        self.assertNotEqual(message["content"][2]["text"].encode("utf-8").decode("ascii", "replace"),
-                            message["content"][2]["text"])
+        self.assertNotEqual(
+            message["content"][2]["text"].encode("utf-8").decode("ascii", "replace"),
+            message["content"][2]["text"],
+        )
         data, starts = encode_events(message_events(message, seeded_rng(0, "d")), "\r\n")
         pieces = plan_chunks(data, starts, seeded_rng(0, "c"))
         self.assertEqual(b"".join(piece for _, piece in pieces), data)
@@ -683,7 +728,9 @@ class StreamTests(SynchronousTestCase):
         """Nothing is sent until the clock moves; then one event per event_delay."""
         upstream = _Upstream(mode="lenient", event_delay=1.0, split=False)
         d = upstream.stub.post(
-            BASE + "/v1/messages", data=json.dumps(_body([{"role": "user", "content": "hi"}], stream=True)), unbuffered=True
+            BASE + "/v1/messages",
+            data=json.dumps(_body([{"role": "user", "content": "hi"}], stream=True)),
+            unbuffered=True,
         )
         upstream.stub.flush()
         self.assertNoResult(d)
@@ -708,7 +755,7 @@ class _Connection:
     def __init__(self, test: SynchronousTestCase, **options: Any):
         self.clock = Clock()
         sim = SimulatedUpstream(mode="lenient", reactor=self.clock, event_delay=0.5, **options)
-        self.channel = Site(sim.resource()).buildProtocol(None)
+        self.channel = Site(sim.resource(), reactor=self.clock).buildProtocol(None)
         self.transport = StringTransport()
         self.channel.makeConnection(self.transport)
         body = json.dumps(_body([{"role": "user", "content": "hi"}], stream=True)).encode()
@@ -774,7 +821,9 @@ class EndpointTests(_ErrorAssertions, SynchronousTestCase):
         long = short + [_assistant("toolu_a"), _results("toolu_a")]
         counts = []
         for messages in (short, long):
-            response, body = self.upstream.post({"model": "m", "messages": messages}, path="/v1/messages/count_tokens")
+            response, body = self.upstream.post(
+                {"model": "m", "messages": messages}, path="/v1/messages/count_tokens"
+            )
             self.assertEqual(response.code, 200)
             self.assertEqual(list(body), ["input_tokens"])
             counts.append(body["input_tokens"])
@@ -783,8 +832,16 @@ class EndpointTests(_ErrorAssertions, SynchronousTestCase):
     def test_count_tokens_validated(self) -> None:
         """count_tokens rejects the histories messages rejects, in strict mode."""
         messages = [{"role": "user", "content": "hi"}, _assistant("toolu_a", "toolu_a"), _results("toolu_a")]
-        response, body = self.upstream.post({"model": "m", "messages": messages}, path="/v1/messages/count_tokens")
-        self.assert_error(response, body, 400, "invalid_request_error", "messages.1.content.2: `tool_use` ids must be unique")
+        response, body = self.upstream.post(
+            {"model": "m", "messages": messages}, path="/v1/messages/count_tokens"
+        )
+        self.assert_error(
+            response,
+            body,
+            400,
+            "invalid_request_error",
+            "messages.1.content.2: `tool_use` ids must be unique",
+        )
 
     def test_models_pages(self) -> None:
         """GET /v1/models pages with limit, has_more, first_id, last_id and after_id."""
@@ -792,8 +849,12 @@ class EndpointTests(_ErrorAssertions, SynchronousTestCase):
         page = json.loads(content)
         self.assertEqual(response.code, 200)
         self.assertEqual([m["id"] for m in page["data"]], [m["id"] for m in MODELS[:2]])
-        self.assertEqual((page["has_more"], page["first_id"], page["last_id"]), (True, MODELS[0]["id"], MODELS[1]["id"]))
-        rest = json.loads(self.upstream.request("GET", f"/v1/models?limit=1000&after_id={page['last_id']}")[1])
+        self.assertEqual(
+            (page["has_more"], page["first_id"], page["last_id"]), (True, MODELS[0]["id"], MODELS[1]["id"])
+        )
+        rest = json.loads(
+            self.upstream.request("GET", f"/v1/models?limit=1000&after_id={page['last_id']}")[1]
+        )
         self.assertEqual([m["id"] for m in rest["data"]], [m["id"] for m in MODELS[2:]])
         self.assertFalse(rest["has_more"])
 
@@ -836,7 +897,9 @@ class EndpointTests(_ErrorAssertions, SynchronousTestCase):
         upstream = _Upstream(keep_requests=3)
         for n in range(5):
             upstream.request("GET", f"/v1/models/{n}")
-        self.assertEqual([r.path for r in upstream.sim.requests], ["/v1/models/2", "/v1/models/3", "/v1/models/4"])
+        self.assertEqual(
+            [r.path for r in upstream.sim.requests], ["/v1/models/2", "/v1/models/3", "/v1/models/4"]
+        )
 
 
 class KeyTests(_ErrorAssertions, SynchronousTestCase):
@@ -883,13 +946,35 @@ class CommandLineTests(SynchronousTestCase):
     def test_options_reach_the_upstream(self) -> None:
         """Every option is passed on to the SimulatedUpstream."""
         options = parse_args(
-            ["--mode", "stateful", "--seed", "4", "--reuse-every", "0", "--event-delay", "0.02", "--id-style", "kimi",
-             "--parallel", "2", "--server-tools", "--lookalikes", "--no-split", "--line-ending", "crlf"]
+            [
+                "--mode",
+                "stateful",
+                "--seed",
+                "4",
+                "--reuse-every",
+                "0",
+                "--event-delay",
+                "0.02",
+                "--id-style",
+                "kimi",
+                "--parallel",
+                "2",
+                "--server-tools",
+                "--lookalikes",
+                "--no-split",
+                "--line-ending",
+                "crlf",
+            ]
         )
         sim = upstream_from(options, Clock())
-        self.assertEqual((sim.mode, sim.event_delay, sim.split, sim.line_ending), ("stateful", 0.02, False, "\r\n"))
         self.assertEqual(
-            sim.options, ModelOptions(seed=4, reuse_every=0, id_style="kimi", parallel=2, server_tools=True, lookalikes=True)
+            (sim.mode, sim.event_delay, sim.split, sim.line_ending), ("stateful", 0.02, False, "\r\n")
+        )
+        self.assertEqual(
+            sim.options,
+            ModelOptions(
+                seed=4, reuse_every=0, id_style="kimi", parallel=2, server_tools=True, lookalikes=True
+            ),
         )
 
     def test_bad_values(self) -> None:

@@ -75,8 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="tcp:8081:interface=127.0.0.1",
         help="Twisted endpoint to listen on (default: %(default)s).",
     )
-    parser.add_argument("--mode", choices=MODES, default="strict", help="Validation mode (default: %(default)s).")
-    parser.add_argument("--seed", type=_integer, default=0, help="Seed of every answer (default: %(default)s).")
+    parser.add_argument(
+        "--mode", choices=MODES, default="strict", help="Validation mode (default: %(default)s)."
+    )
+    parser.add_argument(
+        "--seed", type=_integer, default=0, help="Seed of every answer (default: %(default)s)."
+    )
     parser.add_argument(
         "--reuse-every",
         type=_count,
@@ -86,13 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--event-delay", type=_seconds, default=0.0, help="Seconds between SSE events (default: %(default)s)."
     )
-    parser.add_argument("--id-style", choices=ID_STYLES, default="toolu", help="Id shape (default: %(default)s).")
-    parser.add_argument("--parallel", type=_positive, default=1, help="tool_use blocks per answer (default: %(default)s).")
-    parser.add_argument("--server-tools", action="store_true", help="Add a web search and its result to each answer.")
-    parser.add_argument("--lookalikes", action="store_true", help="Sometimes emit X-2 natively, X from the history.")
+    parser.add_argument(
+        "--id-style", choices=ID_STYLES, default="toolu", help="Id shape (default: %(default)s)."
+    )
+    parser.add_argument(
+        "--parallel", type=_positive, default=1, help="tool_use blocks per answer (default: %(default)s)."
+    )
+    parser.add_argument(
+        "--server-tools", action="store_true", help="Add a web search and its result to each answer."
+    )
+    parser.add_argument(
+        "--lookalikes", action="store_true", help="Sometimes emit X-2 natively, X from the history."
+    )
     parser.add_argument("--no-split", action="store_true", help="Write one piece per SSE event.")
     parser.add_argument(
-        "--line-ending", choices=sorted(_LINE_ENDINGS), default="lf", help="SSE line ending (default: %(default)s)."
+        "--line-ending",
+        choices=sorted(_LINE_ENDINGS),
+        default="lf",
+        help="SSE line ending (default: %(default)s).",
     )
     parser.add_argument(
         "--require-key",

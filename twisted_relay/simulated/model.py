@@ -305,9 +305,7 @@ def _check_declaration_pattern(n: int, m: int, block: dict) -> None:
     else:
         regex, pattern = _TOOL_USE_RE, _TOOL_USE_PATTERN
     if not isinstance(value, str) or regex.fullmatch(value) is None:
-        raise _invalid(
-            f"messages.{n}.content.{m}.{kind}.id: String should match pattern '{pattern}'"
-        )
+        raise _invalid(f"messages.{n}.content.{m}.{kind}.id: String should match pattern '{pattern}'")
 
 
 def _unexpected_result(n: int, m: int, block: dict) -> Rejection:
@@ -569,9 +567,7 @@ def count_tokens(body: Any) -> int:
     """The input-token count the fake model reports for ``body``."""
     if not isinstance(body, dict):
         return 1
-    return _estimate_tokens(
-        [body.get("system"), body.get("tools"), body.get("messages")]
-    )
+    return _estimate_tokens([body.get("system"), body.get("tools"), body.get("messages")])
 
 
 def _tool_choice_allows_tools(body: dict) -> bool:
@@ -769,6 +765,5 @@ def plan_chunks(
         bounds = sorted(cuts)
     edges = [0, *bounds, len(data)]
     return [
-        (bisect_right(event_starts, end - 1) - 1, data[start:end])
-        for start, end in zip(edges, edges[1:])
+        (bisect_right(event_starts, end - 1) - 1, data[start:end]) for start, end in zip(edges, edges[1:])
     ]

@@ -200,9 +200,7 @@ class SimulatedUpstream:
         key = self._check(body, headers, for_count=False)
         message = compose_answer(body, self.options)
         if key is not None:
-            self._ledger.record(
-                key, declaration_ids(body["messages"]) + declaration_ids([message])
-            )
+            self._ledger.record(key, declaration_ids(body["messages"]) + declaration_ids([message]))
         return message
 
     def count(self, body: Any, headers: dict[str, str]) -> dict:
@@ -240,9 +238,7 @@ def list_models(query: dict[str, list[str]]) -> dict:
     except ValueError:
         raise Rejection(400, "invalid_request_error", "limit: Input should be a valid integer")
     if not 1 <= limit <= 1000:
-        raise Rejection(
-            400, "invalid_request_error", "limit: Input should be between 1 and 1000"
-        )
+        raise Rejection(400, "invalid_request_error", "limit: Input should be between 1 and 1000")
     ids = [model["id"] for model in MODELS]
     start, end = 0, len(MODELS)
     for name in ("after_id", "before_id"):
@@ -341,10 +337,14 @@ class _SimulatedResource(Resource):
         self._upstream.check_key(headers)
         if method == "POST":
             if len(raw) > MAX_BODY:
-                raise Rejection(413, "request_too_large", "Request exceeds the maximum allowed number of bytes.")
+                raise Rejection(
+                    413, "request_too_large", "Request exceeds the maximum allowed number of bytes."
+                )
             if body is None:
                 raise Rejection(
-                    400, "invalid_request_error", "There was an error parsing the body of your request: expected JSON"
+                    400,
+                    "invalid_request_error",
+                    "There was an error parsing the body of your request: expected JSON",
                 )
         if path == "/v1/messages":
             message = self._upstream.answer(body, headers)
