@@ -198,8 +198,11 @@ class EventFramer:
             seen = self._seen
             p = buf.find(b"\n\n", start if seen <= start else seen - 1)
             if p < 0:
+                # Only the new bytes can hold the open line's start.
+                at = buf.rfind(b"\n", start if seen <= start else seen, n)
+                if at >= 0:
+                    self._line = at + 1
                 self._seen = n
-                self._line = buf.rfind(b"\n", start, n) + 1 or start
                 end = -1
             else:
                 end = p + 2
