@@ -401,6 +401,16 @@ class RedactTests(SynchronousTestCase):
             ],
         )
 
+    def test_twisted_header_shape(self):
+        """
+        Headers as Twisted's ``getAllRawHeaders()`` gives them, a name with a
+        list of values, are redacted value by value, and their credentials
+        harvested.
+        """
+        pairs = [(b"X-Api-Key", [b"k1-abcdefgh"]), (b"Accept", [b"a", b"b"])]
+        self.assertEqual(redact_headers(pairs), [("X-Api-Key", REDACTED), ("Accept", "a"), ("Accept", "b")])
+        self.assertEqual(header_secrets(pairs), ["k1-abcdefgh"])
+
     def test_secret_in_other_header(self):
         """A configured secret inside a harmless header's value is removed."""
         self.assertEqual(

@@ -52,6 +52,16 @@ def _text(value: bytes | str) -> str:
     return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
+def _pairs(pairs: Iterable) -> Iterable[tuple[bytes | str, bytes | str]]:
+    # Accept Twisted's ``getAllRawHeaders()`` shape, (name, [values]), too.
+    for name, value in pairs:
+        if isinstance(value, (list, tuple)):
+            for one in value:
+                yield name, one
+        else:
+            yield name, value
+
+
 def is_sensitive_header(name: bytes | str) -> bool:
     """
     Whether a header's value is a credential and must never be written down.
@@ -72,7 +82,7 @@ def header_secrets(pairs: Iterable[tuple[bytes | str, bytes | str]]) -> list[str
     are left out.
     """
     found = []
-    for name, value in pairs:
+    for name, value in _pairs(pairs):
         if not is_sensitive_header(name):
             continue
         text = _text(value).strip()
@@ -87,13 +97,14 @@ def redact_headers(
     pairs: Iterable[tuple[bytes | str, bytes | str]], secrets: Iterable[str] = ()
 ) -> list[tuple[str, str]]:
     """
-    Headers as ``(name, value)`` text pairs, order and repeats kept, with
+    Headers as ``(name, value)`` text pairs, order and repeats kept (a
+    ``(name, [values])`` pair gives one pair per value), with
     the value of every sensitive header replaced by :data:`REDACTED` and the
     given secrets removed from the others.
     """
     pattern = _pattern(secrets)
     redacted = []
-    for name, value in pairs:
+    for name, value in _pairs(pairs):
         name_text = _text(name)
         if is_sensitive_header(name_text):
             redacted.append((name_text, REDACTED))
