@@ -1095,6 +1095,17 @@ class GateEndingTests(SynchronousTestCase):
             payloads, [{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}]
         )
 
+    def test_unreadable_error_event(self):
+        """
+        An ``error`` event whose data is not JSON still ends the stream as
+        the upstream's own report: passed through, no callback, no 502.
+        """
+        payloads = []
+        stream = ERROR_STREAM.replace(b'{"type": "error", "error"', b"{oops")
+        gate, sink = self._end(stream, _done(), on_error_event=payloads.append)
+        self.assertIsNone(self.successResultOf(gate.done))
+        self.assertEqual((sink.value(), payloads), (stream, []))
+
     def test_held_cr_event_released_at_end(self):
         """
         A stream with bare ``\\r`` line endings: its last event, held for the
