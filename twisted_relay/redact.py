@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
 
@@ -102,7 +103,7 @@ def redact_headers(
     the value of every sensitive header replaced by :data:`REDACTED` and the
     given secrets removed from the others.
     """
-    pattern = _pattern(secrets)
+    pattern = _pattern(tuple(secrets))
     redacted = []
     for name, value in _pairs(pairs):
         name_text = _text(name)
@@ -119,7 +120,7 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     escapes it and as a URL quotes it, and every Anthropic-looking key
     (``sk-ant-...``). Empty secrets are ignored.
     """
-    return _pattern(secrets).sub(REDACTED, text)
+    return _pattern(tuple(secrets)).sub(REDACTED, text)
 
 
 def redact_url(url: str, secrets: Iterable[str] = ()) -> str:
@@ -150,7 +151,9 @@ def _forms(secret: str) -> set[str]:
     }
 
 
-def _pattern(secrets: Iterable[str]) -> re.Pattern[str]:
+# Logs call with the same few secrets again and again.
+@lru_cache(maxsize=64)
+def _pattern(secrets: tuple[str, ...]) -> re.Pattern[str]:
     forms = set()
     for secret in secrets:
         if secret:
