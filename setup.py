@@ -27,6 +27,10 @@ setup(
     # so find_packages() cannot see it; list it explicitly.
     packages=find_packages(include=["twisted_relay", "twisted_relay.*"])
     + ["twisted.plugins"],
+    # An explicit root makes an editable install (PEP 660) add this folder
+    # to sys.path with a plain .pth file instead of an import hook, so that
+    # Twisted's plugin scan finds twisted/plugins here too.
+    package_dir={"": "."},
     package_data={"twisted.plugins": ["*.py"]},
     include_package_data=True,
     zip_safe=False,
