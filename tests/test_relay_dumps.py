@@ -1,0 +1,186 @@
+"""
+The relay writes a dump of every upstream 4xx, with every field, no key,
+and without making anyone wait for it: on real sockets on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import treq
+import ujson
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import TestCase
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
+
+from twisted_relay.app import RelayApp
+from twisted_relay.config import RelayConfig
+from twisted_relay.dumps import DumpWriter
+from twisted_relay.simulated import SimulatedUpstream
+from twisted_relay.site import RelaySite
+from twisted_relay.upstream import UpstreamClient
+
+from tests.helpers import encode, messages_body
+from tests.test_dumps import GatedDumpWriter, every_file
+
+CLIENT_KEY = "sk-ant-api03-client-key-that-must-never-be-written-0123456789"
+UPSTREAM_KEY = "sk-upstream-secret-0123456789abcdef"
+
+# A history as the relay gave it to the client: the upstream emitted
+# toolu_01SAME twice, the client saw toolu_01SAME and toolu_01SAME-2.
+HISTORY = [
+    {"role": "user", "content": "Check two cities. My key is " + CLIENT_KEY},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01SAME", "name": "get_weather", "input": {"city": "Oslo"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01SAME", "content": "cold"}]},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01SAME-2", "name": "get_weather", "input": {"city": "Rome"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01SAME-2", "content": "warm"}]},
+]
+
+
+class StreamedError(Resource):
+    """An upstream that refuses a request inside an already started stream."""
+
+    isLeaf = True
+
+    def render(self, request):
+        request.setHeader(b"content-type", b"text/event-stream")
+        request.write(
+            b'event: error\ndata: {"type":"error","error":{"type":"invalid_request_error",'
+            b'"message":"messages.3.content.0: `tool_use` ids must be unique"}}\n\n'
+        )
+        request.finish()
+        return NOT_DONE_YET
+
+
+class RelayDumpTests(TestCase):
+    """
+    Every 4xx the upstream returns leaves exactly one complete dump.
+    """
+
+    def start(self, upstream_resource, writer_class=DumpWriter, **settings):
+        port = reactor.listenTCP(0, Site(upstream_resource), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        upstream_url = "http://127.0.0.1:%d" % (port.getHost().port,)
+        self.dump_dir = self.mktemp()
+        config = RelayConfig(listen=(), upstream=upstream_url, dump_dir=self.dump_dir).with_changes(**settings)
+        writer = writer_class(
+            self.dump_dir,
+            reactor=reactor,
+            secrets=config.secrets(),
+            settings={"version": "test", "upstream": upstream_url, "upstream_ids": config.upstream_ids},
+        )
+        writer.startService()
+        self.writer = writer
+        client = UpstreamClient(reactor, upstream_url)
+        self.addCleanup(client.close)
+        app = RelayApp(config, client, reactor=reactor, dumps=writer)
+        relay_port = reactor.listenTCP(0, RelaySite(app.resource()), interface="127.0.0.1")
+        self.addCleanup(relay_port.stopListening)
+
+        def stop_writer():
+            gate = getattr(writer, "gate", None)
+            if gate is not None:
+                gate.set()
+            return writer.stopService()
+
+        self.addCleanup(stop_writer)
+        return "http://127.0.0.1:%d" % (relay_port.getHost().port,)
+
+    async def post(self, base, body, **headers):
+        all_headers = {
+            "content-type": ["application/json"],
+            "x-api-key": [CLIENT_KEY],
+            "x-claude-code-session-id": ["session-47"],
+        }
+        all_headers.update(headers)
+        response = await treq.post(base + "/v1/messages", data=encode(body), headers=all_headers, persistent=False)
+        return response.code, await response.content()
+
+    async def test_rejected_request_dumped_once_with_every_field(self):
+        """
+        Behind ``--upstream-ids original`` a strict upstream refuses the
+        duplicates it is sent: the client gets the upstream's 400 untouched,
+        and one dump holds every field, with no key anywhere in its bytes.
+        """
+        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource(), upstream_ids="original")
+        code, answer = await self.post(base, messages_body(HISTORY))
+        self.assertEqual(code, 400)
+        self.assertIn(b"ids must be unique", answer)
+        await self.writer.drain()
+
+        files = every_file(self.dump_dir)
+        self.assertEqual(len(files), 1, files)
+        raw = open(files[0], "rb").read()
+        self.assertNotIn(CLIENT_KEY.encode(), raw)
+        self.assertEqual(os.stat(files[0]).st_mode & 0o777, 0o600)
+        dump = json.loads(raw)
+        for field in (
+            "relay_request_id", "upstream_request_id", "time", "upstream_url", "status", "response",
+            "client_request", "upstream_request", "timeline", "translation_table", "session_id",
+            "relay_version", "settings", "policy",
+        ):
+            self.assertIn(field, dump)
+        self.assertEqual(dump["status"], 400)
+        self.assertTrue(dump["upstream_request_id"].startswith("req_"))
+        self.assertTrue(dump["upstream_url"].endswith("/v1/messages"))
+        self.assertEqual(dump["settings"]["upstream_ids"], "original")
+        self.assertEqual(dump["session_id"], "session-47")
+        self.assertTrue(dump["relay_request_id"].startswith("rly_"))
+        # The client's request as received and the upstream-bound request as
+        # sent: the relay translated toolu_01SAME-2 back to toolu_01SAME.
+        self.assertIn("toolu_01SAME-2", json.dumps(dump["client_request"]))
+        sent = json.dumps(dump["upstream_request"])
+        self.assertNotIn("toolu_01SAME-2", sent)
+        self.assertEqual(
+            dump["timeline"][3], "3 assistant: tool_use id=toolu_01SAME-2 (upstream toolu_01SAME)"
+        )
+        entries = dump["translation_table"]["entries"]
+        self.assertEqual([e["kind"] for e in entries], ["declaration", "reference"] * 2)
+        self.assertEqual(entries[2]["occurrence"], 2)
+        self.assertIn("ids must be unique", json.dumps(dump["response"]))
+
+    async def test_streamed_client_error_dumped(self):
+        """
+        An ``invalid_request_error`` inside a stream is dumped like a 4xx.
+        """
+        base = self.start(StreamedError())
+        code, answer = await self.post(base, messages_body(HISTORY, stream=True))
+        self.assertEqual(code, 200)
+        self.assertIn(b"event: error", answer)
+        await self.writer.drain()
+        files = every_file(self.dump_dir)
+        self.assertEqual(len(files), 1, files)
+        self.assertIn(b"ids must be unique", open(files[0], "rb").read())
+
+    async def test_success_not_dumped(self):
+        """
+        Answers below 400 leave no dump.
+        """
+        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource())
+        code, _ = await self.post(base, messages_body(HISTORY))
+        self.assertEqual(code, 200)
+        await self.writer.drain()
+        self.assertEqual(every_file(self.dump_dir), [])
+
+    async def test_slow_disk_never_holds_requests(self):
+        """
+        While a dump waits on a slow disk, the refused client already has
+        its answer and other clients are answered as usual.
+        """
+        base = self.start(
+            SimulatedUpstream(mode="strict", seed=1).resource(), GatedDumpWriter, upstream_ids="original"
+        )
+        code, _ = await self.post(base, messages_body(HISTORY))
+        self.assertEqual(code, 400)
+        for _ in range(5):
+            code, answer = await self.post(base, messages_body())
+            self.assertEqual(code, 200)
+            self.assertEqual(ujson.loads(answer)["type"], "message")
+        self.assertEqual(self.writer.written, 0)
+        self.writer.gate.set()
+        await self.writer.drain()
+        self.assertEqual(self.writer.written, 1)
+        await deferLater(reactor, 0, lambda: None)
