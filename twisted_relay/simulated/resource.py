@@ -45,7 +45,7 @@ from twisted_relay.simulated.model import (
     seeded_rng,
 )
 
-__all__ = ["ReceivedRequest", "SimulatedUpstream"]
+__all__ = ["MAX_BODY", "ReceivedRequest", "SimulatedUpstream", "get_model", "list_models"]
 
 #: Anthropic's request body limit.
 MAX_BODY = 32 * 1024 * 1024
@@ -101,8 +101,6 @@ class SimulatedUpstream:
     :ivar requests: the last requests received, oldest first, as
         :class:`ReceivedRequest`.
     """
-
-    log = Logger()
 
     def __init__(
         self,
@@ -162,6 +160,8 @@ class SimulatedUpstream:
 
     def check_key(self, headers: dict[str, str]) -> None:
         """
+        Refuse a request without the required key, as Anthropic does.
+
         :raises Rejection: 401 when a key is required and not presented.
         """
         if self._require_key is None:
@@ -252,12 +252,9 @@ def list_models(query: dict[str, list[str]]) -> dict:
         else:
             end = ids.index(cursor)
     window = list(MODELS[start:end])
-    if "before_id" in query and "after_id" not in query:
-        page = window[-limit:]
-        has_more = len(window) > limit
-    else:
-        page = window[:limit]
-        has_more = len(window) > limit
+    # Paging backwards (before_id alone) keeps the models nearest the cursor.
+    page = window[-limit:] if "before_id" in query and "after_id" not in query else window[:limit]
+    has_more = len(window) > limit
     return {
         "data": page,
         "has_more": has_more,
