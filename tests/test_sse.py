@@ -285,7 +285,12 @@ SERVER_HISTORY = _body(
         {
             "role": "assistant",
             "content": [
-                {"type": "server_tool_use", "id": SRVTOOLU, "name": "web_search", "input": {"query": "météo Paris"}},
+                {
+                    "type": "server_tool_use",
+                    "id": SRVTOOLU,
+                    "name": "web_search",
+                    "input": {"query": "météo Paris"},
+                },
                 {"type": "web_search_tool_result", "tool_use_id": SRVTOOLU, "content": []},
                 {"type": "text", "text": "Il fait 18 °C."},
             ],
@@ -660,7 +665,8 @@ class GateStreamTests(SynchronousTestCase):
                 for raw in out_events:
                     written_after.append(written_after[-1] + len(raw))
                 for label, chunks in _splits(data):
-                    where = "%s, %r, %s, %s" % (name, ending, "colliding" if expected_rewrites else "clean", label)
+                    kind = "colliding" if expected_rewrites else "clean"
+                    where = "%s, %r, %s, %s" % (name, ending, kind, label)
                     translator = translate_request(body, policy).response()
                     gate, sink, transport, _ = _gate(translator)
                     received = complete = 0
@@ -679,7 +685,8 @@ class GateStreamTests(SynchronousTestCase):
                     gate.connectionLost(_done())
                     self.assertEqual(sink.value(), expected, where)
                     self.assertIsNone(self.successResultOf(gate.done), where)
-                    self.assertEqual(len(translator.rewrites), sum(len(m) for m in expected_rewrites.values()), where)
+                    ids = sum(len(m) for m in expected_rewrites.values())
+                    self.assertEqual(len(translator.rewrites), ids, where)
                     self.assertEqual(gate.events_received, len(events), where)
                     self.assertEqual(gate.events_rewritten, len(expected_rewrites), where)
                     self.assertTrue(gate.message_stop_seen, where)
@@ -764,7 +771,8 @@ class GateStreamTests(SynchronousTestCase):
         self.assertEqual(len(sink.writes), 1)
         gate.dataReceived(events[5][40:] + b"".join(events[6:8]))
         self.assertEqual(len(sink.writes), 2)
-        self.assertEqual(sink.writes[1], _rewritten(events[5], {TOOLU: TOOLU + "-2"}) + b"".join(events[6:8]))
+        rewritten = _rewritten(events[5], {TOOLU: TOOLU + "-2"})
+        self.assertEqual(sink.writes[1], rewritten + b"".join(events[6:8]))
         self.assertNotIn(b'"id":"' + TOOLU.encode() + b'"', sink.value())
 
     def test_clean_chunk_is_written_as_received(self):
@@ -782,8 +790,8 @@ class GateStreamTests(SynchronousTestCase):
         is renamed even with a clean history, and on_rewrite reports it.
         """
         events, _ = _reference_frame(TOOL_USE_STREAM)
-        second = events[5].replace(b'"index":1', b'"index":2')
-        stream = b"".join(events[:9]) + second + events[8].replace(b'"index":1', b'"index":2') + b"".join(events[9:])
+        second, second_stop = (e.replace(b'"index":1', b'"index":2') for e in (events[5], events[8]))
+        stream = b"".join(events[:9]) + second + second_stop + b"".join(events[9:])
         seen = []
         gate, sink, _, _ = _gate(translate_request(FRESH).response(), on_rewrite=seen.append)
         gate.dataReceived(stream)

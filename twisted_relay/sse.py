@@ -453,12 +453,12 @@ class SSEGate(Protocol):
         why = _ending(reason)
         if self._framer.pending:
             self._fail(
-                RelayError(502, "The upstream stream was cut in the middle of an event (%s)." % (why,)),
+                RelayError(502, "The upstream stream was cut in the middle of an event (%s)." % why),
                 stop=False,
             )
         elif not (self.message_stop_seen or self.error_event_seen):
             self._fail(
-                RelayError(502, "The upstream stream was cut before message_stop (%s)." % (why,)),
+                RelayError(502, "The upstream stream was cut before message_stop (%s)." % why),
                 stop=False,
             )
         else:
@@ -563,7 +563,8 @@ class SSEGate(Protocol):
         if out:
             self._send(out)
         if too_large is not None:
-            self._fail(RelayError(502, "The upstream sent an event larger than %d bytes." % (too_large.limit,)))
+            message = "The upstream sent an event larger than %d bytes." % (too_large.limit,)
+            self._fail(RelayError(502, message))
 
     def _decide(self, name: bytes, raw: bytes) -> bytes | None:
         """
