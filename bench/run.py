@@ -1,0 +1,800 @@
+# -*- test-case-name: bench.test_harness -*-
+"""
+Run every benchmark scenario against every target in one run, and print the
+figures, their ratios, and the relay's targets met or not.
+
+Scenarios (see ``docs/benchmarks.md``):
+
+- S1: paced streams (50 deltas, 20 ms apart) at 200 and 1,000 concurrent
+  streams: latency added per event over direct; then the largest count held
+  with zero errors, searched upwards.
+- S2: unpaced streams (32 of 2,000 deltas): throughput, CPU seconds per MB.
+- S3: non-streaming small requests, 32 concurrent keep-alive clients: req/s.
+- S4: memory per idle open stream.
+- S5: inbound translation cost against history size, in process; and large
+  request bodies (to 32 MiB) end to end.
+
+Targets: direct, nginx, plain ``twisted.web.proxy``, the relay, LiteLLM.
+The targets get CPU 1 to themselves and the fake upstream and the load
+generator share CPU 0 (``--no-pin`` to let the kernel place them).
+
+Usage, from the work tree's root::
+
+    python bench/run.py --quick          # small counts, a few minutes
+    python bench/run.py                  # the full run
+    python bench/run.py --targets direct,relay --scenarios S1,S3
+    python bench/run.py --relay-tree patched=/path/to/tree   # a patched relay too
+
+It is not a test and is not run by CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+if BENCH_DIR not in sys.path:
+    sys.path.insert(0, BENCH_DIR)
+
+import targets as _targets  # noqa: E402
+from loadgen import request_body  # noqa: E402
+
+__all__ = ["Settings", "main", "run_all"]
+
+MiB = 1024 * 1024
+_LITELLM_VENV = os.environ.get("BENCH_LITELLM", os.path.join(tempfile.gettempdir(), "litellm-venv", "bin", "litellm"))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The counts of one run."""
+
+    s1_counts: tuple[int, ...] = (200, 1000)
+    s1_rounds: int = 2
+    s1_events: int = 50
+    s1_interval_ms: int = 20
+    s1_search: tuple[int, ...] = (2000, 3000, 4000)
+    s2_streams: int = 32
+    s2_events: int = 2000
+    s2_rounds: int = 3
+    s3_concurrency: int = 32
+    s3_seconds: float = 10.0
+    s4_streams: int = 1000
+    s5_turns: tuple[int, ...] = (100, 1000, 2000, 5000, 10000)
+    s5_sizes: tuple[int, ...] = (1 * MiB, 8 * MiB, 32 * MiB)
+    s5_repeats: int = 3
+    timeout: float = 120.0
+
+
+QUICK = Settings(
+    s1_rounds=1,
+    s1_search=(2000,),
+    s2_rounds=1,
+    s3_seconds=3.0,
+    s4_streams=200,
+    s5_turns=(100, 1000, 10000),
+    s5_sizes=(1 * MiB, 8 * MiB),
+    s5_repeats=1,
+    timeout=60.0,
+)
+
+
+# -- measuring one load --------------------------------------------------------
+
+
+def _machine_busy_seconds() -> float:
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal
+    busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6] + fields[7]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Runner:
+    """Runs the load generator against targets and measures around it."""
+
+    def __init__(self, upstream: _targets.FakeUpstreamProcess, load_cpus: set[int] | None, log):
+        self.upstream = upstream
+        self.load_cpus = load_cpus
+        self.log = log
+
+    def load(
+        self,
+        target: _targets.Target,
+        model: str,
+        concurrency: int,
+        *,
+        requests: int | None = None,
+        duration: float | None = None,
+        latency: bool = False,
+        ramp: float = 0.0,
+        timeout: float = 120.0,
+        body_file: str | None = None,
+    ) -> dict:
+        """One load run; the load generator's summary plus CPU and memory of the processes."""
+        argv = [
+            sys.executable,
+            os.path.join(BENCH_DIR, "loadgen.py"),
+            "--port", str(target.port),
+            "--path", target.path,
+            "--model", model,
+            "--concurrency", str(concurrency),
+            "--ramp", str(ramp),
+            "--timeout", str(timeout),
+        ]
+        if requests is not None:
+            argv += ["--requests", str(requests)]
+        if duration is not None:
+            argv += ["--duration", str(duration)]
+        if latency:
+            argv.append("--latency")
+        if body_file:
+            argv += ["--body-file", body_file]
+        pids = target.pids()
+        _targets.reset_peak(pids)
+        target_cpu = _targets.cpu_seconds(pids)
+        upstream_cpu = _targets.cpu_seconds(self.upstream.pids())
+        busy = _machine_busy_seconds()
+        children = _children_cpu_seconds()
+        window = time.monotonic()
+        bound = (duration or 0) + timeout * max(1, (requests or concurrency) // concurrency) + 60
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            timeout=bound,
+            preexec_fn=_targets._preexec(self.load_cpus),
+        )
+        lines = done.stdout.decode().strip().splitlines()
+        if done.returncode != 0 or not lines:
+            raise RuntimeError("the load generator failed: %s" % (done.stderr.decode()[-2000:],))
+        summary = json.loads(lines[-1])
+        window = time.monotonic() - window
+        load_used = _children_cpu_seconds() - children
+        target_used = _targets.cpu_seconds(pids) - target_cpu
+        upstream_used = _targets.cpu_seconds(self.upstream.pids()) - upstream_cpu
+        summary["target_cpu_s"] = target_used
+        summary["upstream_cpu_s"] = upstream_used
+        summary["target_peak_kib"] = _targets.peak_rss_kib(target.pids())
+        # What the rest of the machine used meanwhile: on a shared machine,
+        # the noise in every figure.
+        summary["window_s"] = window
+        summary["other_cpu_s"] = max(
+            0.0, _machine_busy_seconds() - busy - target_used - upstream_used - load_used
+        )
+        return summary
+
+    def hold(self, target: _targets.Target, streams: int, timeout: float) -> dict:
+        """Open ``streams`` idle streams; return the target's RSS before and with them open."""
+        argv = [
+            sys.executable,
+            os.path.join(BENCH_DIR, "loadgen.py"),
+            "--port", str(target.port),
+            "--path", target.path,
+            "--model", "bench:idle:300",
+            "--concurrency", str(streams),
+            "--ramp", str(streams / 2000.0),
+            "--timeout", str(timeout + 30),
+            "--hold",
+            "--hold-timeout", str(timeout),
+        ]
+        pids = target.pids()
+        gc_settle = 0.5
+        time.sleep(gc_settle)
+        before = _targets.rss_kib(target.pids())
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_targets._preexec(self.load_cpus),
+        )
+        try:
+            ready = json.loads(process.stdout.readline() or b"{}")
+            time.sleep(gc_settle)
+            during = _targets.rss_kib(target.pids())
+            process.stdin.write(b"\n")
+            process.stdin.flush()
+            out, err = process.communicate(timeout=timeout + 60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        del pids
+        lines = out.decode().strip().splitlines()
+        summary = json.loads(lines[-1]) if lines else {}
+        failed = {k: v for k, v in summary.get("error_kinds", {}).items() if k != "held"}
+        return {
+            "streams": streams,
+            "ready": ready.get("ready", 0),
+            "before_kib": before,
+            "during_kib": during,
+            "kib_per_stream": (during - before) / streams if streams else 0.0,
+            "errors": sum(failed.values()),
+            "error_kinds": failed,
+        }
+
+
+# -- scenarios ---------------------------------------------------------------------
+
+
+def _log(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def scenario_s1(runner: Runner, targets: list, settings: Settings) -> dict:
+    """Paced streams at each count, then the search for the largest count held."""
+    model = "bench:paced:%d:%d" % (settings.s1_events, settings.s1_interval_ms)
+    results: dict = {"paced": {}, "search": {}}
+    for count in settings.s1_counts:
+        results["paced"][count] = {}
+        for target in targets:
+            _log("S1 %s: %d paced streams" % (target.name, count))
+            results["paced"][count][target.name] = runner.load(
+                target,
+                model,
+                count,
+                requests=count * settings.s1_rounds,
+                latency=True,
+                ramp=count / 2000.0,
+                timeout=settings.timeout,
+            )
+    for target in targets:
+        held = {"max_held": None, "first_failed": None, "runs": {}}
+        for count in settings.s1_search:
+            _log("S1 search %s: %d paced streams" % (target.name, count))
+            summary = runner.load(
+                target, model, count, requests=count, ramp=count / 2000.0, timeout=settings.timeout
+            )
+            held["runs"][count] = summary
+            if summary["errors"]:
+                held["first_failed"] = count
+                break
+            held["max_held"] = count
+        if held["max_held"] is None:
+            # Below the search's range: the paced counts tell what it held.
+            for count in sorted(settings.s1_counts):
+                if results["paced"][count][target.name]["errors"] == 0:
+                    held["max_held"] = count
+        results["search"][target.name] = held
+    return results
+
+
+def scenario_s2(runner: Runner, targets: list, settings: Settings) -> dict:
+    """Unpaced streams: throughput and CPU seconds per MB."""
+    model = "bench:burst:%d" % (settings.s2_events,)
+    results = {}
+    for target in targets:
+        _log("S2 %s: %d unpaced streams" % (target.name, settings.s2_streams))
+        summary = runner.load(
+            target,
+            model,
+            settings.s2_streams,
+            requests=settings.s2_streams * settings.s2_rounds,
+            timeout=settings.timeout * 5,
+        )
+        mb = summary["body_bytes"] / 1e6
+        summary["target_cpu_s_per_mb"] = summary["target_cpu_s"] / mb if mb else None
+        results[target.name] = summary
+    return results
+
+
+def scenario_s3(runner: Runner, targets: list, settings: Settings) -> dict:
+    """Small non-streaming requests over keep-alive connections: requests/s."""
+    results = {}
+    for target in targets:
+        _log("S3 %s: %d concurrent, %gs" % (target.name, settings.s3_concurrency, settings.s3_seconds))
+        results[target.name] = runner.load(
+            target,
+            "bench:json",
+            settings.s3_concurrency,
+            duration=settings.s3_seconds,
+            timeout=settings.timeout,
+        )
+    return results
+
+
+def scenario_s4(runner: Runner, targets: list, settings: Settings) -> dict:
+    """Memory per idle open stream (after a small warm-up hold)."""
+    results = {}
+    for target in targets:
+        if not target.pids():
+            continue
+        _log("S4 %s: %d idle streams" % (target.name, settings.s4_streams))
+        runner.hold(target, min(50, settings.s4_streams), settings.timeout)
+        results[target.name] = runner.hold(target, settings.s4_streams, settings.timeout)
+    return results
+
+
+def _large_body(size: int, path: str) -> None:
+    """A Claude Code-shaped history padded to exactly ``size`` bytes."""
+    turns = 1000
+    overhead = 300 * turns + 200
+    filler = "x" * max(1, (size - overhead) // turns)
+    messages = []
+    for n in range(turns):
+        tool_id = "toolu_01%020d" % (n,)
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Let me look at that."},
+                    {"type": "tool_use", "id": tool_id, "name": "Bash", "input": {"command": "ls -la"}},
+                ],
+            }
+        )
+        messages.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_id, "content": filler}]}
+        )
+    body = json.dumps(
+        {"model": "bench:json", "max_tokens": 1024, "messages": messages}, separators=(",", ":")
+    ).encode()
+    if len(body) > size:
+        cut = len(body) - size
+        messages[-1]["content"][0]["content"] = filler[: len(filler) - cut]
+        body = json.dumps(
+            {"model": "bench:json", "max_tokens": 1024, "messages": messages}, separators=(",", ":")
+        ).encode()
+    # JSON allows whitespace before the closing brace: pad to the exact size.
+    body = body[:-1] + b" " * (size - len(body)) + b"}"
+    with open(path, "wb") as f:
+        f.write(body)
+
+
+def _translation_costs(settings: Settings) -> dict:
+    """``translate_request`` on clean and colliding histories, best of a few runs."""
+    sys.path.insert(0, _targets.REPO_ROOT)
+    from bench_translation import history  # the translation bench's session shape
+    from twisted_relay.translation import translate_request
+
+    results = {}
+    for colliding in (False, True):
+        rows = {}
+        for turns in settings.s5_turns:
+            body = history(turns, colliding)
+            best = float("inf")
+            deadline = time.perf_counter() + 1.0
+            runs = 0
+            gc.collect()
+            while runs < 3 or (runs < 50 and time.perf_counter() < deadline):
+                start = time.perf_counter()
+                translate_request(body, "unique")
+                best = min(best, time.perf_counter() - start)
+                runs += 1
+            rows[turns] = {"ms": best * 1e3, "us_per_turn": best * 1e6 / turns}
+        results["colliding" if colliding else "clean"] = rows
+    return results
+
+
+def scenario_s5(runner: Runner, targets: list, settings: Settings, workdir: str) -> dict:
+    """Translation cost against history size, and large bodies end to end."""
+    _log("S5 translation: %s turns" % (", ".join(map(str, settings.s5_turns)),))
+    results: dict = {"translation": _translation_costs(settings), "bodies": {}}
+    for size in settings.s5_sizes:
+        path = os.path.join(workdir, "body-%d.json" % (size,))
+        _large_body(size, path)
+        results["bodies"][size] = {}
+        for target in targets:
+            _log("S5 %s: %d MiB body" % (target.name, size // MiB))
+            results["bodies"][size][target.name] = runner.load(
+                target,
+                "bench:json",
+                1,
+                requests=settings.s5_repeats,
+                body_file=path,
+                timeout=settings.timeout,
+            )
+        os.unlink(path)
+    return results
+
+
+# -- the table ---------------------------------------------------------------------
+
+
+def _fmt(value, spec: str = "%.2f", none: str = "-") -> str:
+    return none if value is None else spec % (value,)
+
+
+def _ratio(a, b) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def _get(d: dict, *keys):
+    for key in keys:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def table(results: dict, names: list[str]) -> list[list[str]]:
+    """Rows of figures (and ratios) per target, as strings."""
+    rows = [["scenario"] + names]
+    s1 = results.get("S1")
+    if s1:
+        for count, by_target in s1["paced"].items():
+            direct = by_target.get("direct")
+            base50 = _get(direct, "event_latency_ms", "p50") if direct else None
+            base99 = _get(direct, "event_latency_ms", "p99") if direct else None
+            row = ["S1 %s paced: per-event latency added, median / p99 ms" % (count,)]
+            err = ["S1 %s paced: errors (of requests)" % (count,)]
+            for name in names:
+                r = by_target.get(name)
+                if r is None:
+                    row.append("-")
+                    err.append("-")
+                    continue
+                p50 = _get(r, "event_latency_ms", "p50")
+                p99 = _get(r, "event_latency_ms", "p99")
+                if name == "direct":
+                    row.append("%s / %s (abs)" % (_fmt(p50), _fmt(p99)))
+                else:
+                    row.append(
+                        "%s / %s"
+                        % (
+                            _fmt(None if p50 is None or base50 is None else p50 - base50, "%+.2f"),
+                            _fmt(None if p99 is None or base99 is None else p99 - base99, "%+.2f"),
+                        )
+                    )
+                err.append("%d of %d" % (r["errors"], r["requests"]))
+            rows += [row, err]
+            ttfb = ["S1 %s paced: time to first delta, median ms" % (count,)]
+            for name in names:
+                ttfb.append(_fmt(_get(by_target.get(name) or {}, "ttfd_ms", "p50")))
+            rows.append(ttfb)
+        biggest = max(s1["paced"])
+        peak = ["peak memory at %d paced streams, MB" % (biggest,)]
+        for name in names:
+            r = s1["paced"][biggest].get(name)
+            peak.append(_fmt(r["target_peak_kib"] / 1024.0, "%.0f") if r and r["target_peak_kib"] else "-")
+        rows.append(peak)
+        search = ["S1 largest count held with 0 errors (tried up to %d)" % (max(
+            max(h["runs"]) if h["runs"] else 0 for h in s1["search"].values()),)]
+        for name in names:
+            h = s1["search"].get(name)
+            if h is None:
+                search.append("-")
+            else:
+                text = _fmt(h["max_held"], "%d", "none")
+                if h["first_failed"]:
+                    text += " (%d failed)" % (h["first_failed"],)
+                search.append(text)
+        rows.append(search)
+    s2 = results.get("S2")
+    if s2:
+        direct = _get(s2, "direct", "mb_per_s")
+        nginx = _get(s2, "nginx", "mb_per_s")
+        rows.append(["S2 unpaced: MB/s"] + [_fmt(_get(s2, n, "mb_per_s"), "%.1f") for n in names])
+        rows.append(["S2 unpaced: x direct"] + [_fmt(_ratio(_get(s2, n, "mb_per_s"), direct), "%.3f") for n in names])
+        rows.append(["S2 unpaced: x nginx"] + [_fmt(_ratio(_get(s2, n, "mb_per_s"), nginx), "%.3f") for n in names])
+        rows.append(
+            ["S2 unpaced: target CPU s per MB"]
+            + [_fmt(_get(s2, n, "target_cpu_s_per_mb"), "%.4f") for n in names]
+        )
+        rows.append(["S2 unpaced: errors"] + [_fmt(_get(s2, n, "errors"), "%d") for n in names])
+    s3 = results.get("S3")
+    if s3:
+        plain = _get(s3, "plain", "requests_per_s")
+        litellm = _get(s3, "litellm", "requests_per_s")
+        rows.append(["S3 non-streaming: req/s"] + [_fmt(_get(s3, n, "requests_per_s"), "%.0f") for n in names])
+        rows.append(["S3 non-streaming: x plain"] + [_fmt(_ratio(_get(s3, n, "requests_per_s"), plain)) for n in names])
+        rows.append(["S3 non-streaming: x litellm"] + [_fmt(_ratio(_get(s3, n, "requests_per_s"), litellm), "%.1f") for n in names])
+        rows.append(["S3 non-streaming: errors"] + [_fmt(_get(s3, n, "errors"), "%d") for n in names])
+    s4 = results.get("S4")
+    if s4:
+        count = next(iter(s4.values()))["streams"] if s4 else 0
+        rows.append(["S4 idle streams: KiB per stream"] + [_fmt(_get(s4, n, "kib_per_stream"), "%.1f") for n in names])
+        rows.append(
+            ["S4 idle streams: RSS MB with %d open" % (count,)]
+            + [_fmt(None if _get(s4, n, "during_kib") is None else _get(s4, n, "during_kib") / 1024.0, "%.0f") for n in names]
+        )
+        rows.append(["S4 idle streams: errors"] + [_fmt(_get(s4, n, "errors"), "%d") for n in names])
+    s5 = results.get("S5")
+    if s5:
+        for size, by_target in s5["bodies"].items():
+            direct = _get(by_target, "direct", "total_ms", "p50")
+            row = ["S5 %d MiB body: total ms (direct) / added ms" % (int(size) // MiB,)]
+            for name in names:
+                value = _get(by_target, name, "total_ms", "p50")
+                errors = _get(by_target, name, "errors")
+                if value is None:
+                    row.append("failed" if errors else "-")
+                elif name == "direct":
+                    row.append(_fmt(value, "%.1f"))
+                else:
+                    row.append(_fmt(None if direct is None else value - direct, "%+.1f"))
+            rows.append(row)
+    return rows
+
+
+def format_rows(rows: list[list[str]]) -> str:
+    """A Markdown table."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for n, row in enumerate(rows):
+        out.append("| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |")
+        if n == 0:
+            out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(out)
+
+
+def translation_rows(results: dict) -> list[list[str]]:
+    """S5's in-process translation figures."""
+    s5 = results.get("S5")
+    if not s5:
+        return []
+    rows = [["history", "turns", "ms", "us per turn"]]
+    for kind, by_turns in s5["translation"].items():
+        for turns, r in by_turns.items():
+            rows.append([kind, str(turns), "%.2f" % r["ms"], "%.2f" % r["us_per_turn"]])
+    return rows
+
+
+def verdicts(results: dict, relay: str = "relay") -> list[list[str]]:
+    """Each of the issue's targets for the relay: figure, target, met or not."""
+    rows = [["target", "figure", "goal", "met"]]
+
+    def add(name, value, goal, ok):
+        rows.append([name, value, goal, "-" if ok is None else ("met" if ok else "NOT met")])
+
+    s1 = results.get("S1")
+    if s1:
+        paced = s1["paced"]
+        if 200 in paced and relay in paced[200]:
+            base = _get(paced[200], "direct", "event_latency_ms", "p50")
+            mine = _get(paced[200], relay, "event_latency_ms", "p50")
+            plain = _get(paced[200], "plain", "event_latency_ms", "p50")
+            added = None if None in (base, mine) else mine - base
+            plain_added = None if None in (base, plain) else plain - base
+            add(
+                "S1 200: added median per event",
+                "%s ms (plain %s ms)" % (_fmt(added, "%+.2f"), _fmt(plain_added, "%+.2f")),
+                "<= plain; goal <= 0.3 ms",
+                None if added is None else (plain_added is None or added <= plain_added),
+            )
+            add("S1 200: added median <= 0.3 ms (goal)", _fmt(added, "%+.2f"), "<= 0.3 ms",
+                None if added is None else added <= 0.3)
+        if 1000 in paced and relay in paced[1000]:
+            r = paced[1000][relay]
+            base = _get(paced[1000], "direct", "event_latency_ms", "p50")
+            mine = _get(r, "event_latency_ms", "p50")
+            added = None if None in (base, mine) else mine - base
+            add("S1 1000: errors", "%d of %d" % (r["errors"], r["requests"]), "0", r["errors"] == 0)
+            add("S1 1000: added median per event", _fmt(added, "%+.2f") + " ms", "< 5 ms",
+                None if added is None else added < 5)
+        h = s1["search"].get(relay)
+        if h:
+            add("S1: concurrent paced streams held, 0 errors", _fmt(h["max_held"], "%d", "none"), ">= 2000",
+                (h["max_held"] or 0) >= 2000)
+    s2 = results.get("S2")
+    if s2 and relay in s2:
+        ratio = _ratio(_get(s2, relay, "mb_per_s"), _get(s2, "nginx", "mb_per_s"))
+        add("S2: throughput vs nginx", _fmt(ratio, "%.3f") + "x", ">= 0.7x", None if ratio is None else ratio >= 0.7)
+    s3 = results.get("S3")
+    if s3 and relay in s3:
+        mine = _get(s3, relay, "requests_per_s")
+        ratio = _ratio(mine, _get(s3, "plain", "requests_per_s"))
+        add("S3: req/s vs plain twisted.web.proxy", _fmt(ratio) + "x", ">= 1.5x", None if ratio is None else ratio >= 1.5)
+        ratio = _ratio(mine, _get(s3, "litellm", "requests_per_s"))
+        add("S3: req/s vs LiteLLM", _fmt(ratio, "%.1f") + "x", ">= 30x", None if ratio is None else ratio >= 30)
+    s4 = results.get("S4")
+    if s4 and relay in s4:
+        r = s4[relay]
+        add("S4: memory per idle stream", "%.1f KiB" % (r["kib_per_stream"],), "<= 64 KiB", r["kib_per_stream"] <= 64)
+        total = r["during_kib"] / 1024.0
+        add("S4: RSS with %d idle streams" % (r["streams"],), "%.0f MB" % (total,), "< 100 MB at 1,000",
+            total < 100 if r["streams"] >= 1000 else None)
+    s5 = results.get("S5")
+    if s5:
+        clean = s5["translation"]["clean"]
+        turns = sorted(clean)
+        if turns:
+            top = clean[turns[-1]]
+            add("S5: %d-turn history translated" % (turns[-1],), "%.1f ms" % (top["ms"],), "<= 100 ms at 10,000",
+                top["ms"] <= 100 if turns[-1] >= 10000 else None)
+            per_turn = [clean[t]["us_per_turn"] for t in turns if t >= 1000] or [clean[t]["us_per_turn"] for t in turns]
+            spread = max(per_turn) / min(per_turn)
+            add("S5: linear (us/turn, max/min over >= 1,000 turns)", "%.2f" % (spread,), "<= 1.5", spread <= 1.5)
+    return rows
+
+
+# -- the run -----------------------------------------------------------------------
+
+
+def _machine() -> dict:
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem = f.readline().split()[1]
+    import twisted
+
+    try:
+        nginx = subprocess.run(["nginx", "-v"], capture_output=True).stderr.decode().strip()
+    except OSError:
+        nginx = None
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "mem_gib": round(int(mem) / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "twisted": twisted.__version__,
+        "kernel": platform.release(),
+        "nginx": nginx,
+        "loadavg": open("/proc/loadavg").read().split()[:3],
+    }
+
+
+def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: dict, profile: bool) -> list:
+    made = []
+    for name in names:
+        if name == "direct":
+            made.append(_targets.Direct(workdir, upstream))
+        elif name == "nginx":
+            if _targets.Nginx.available():
+                made.append(_targets.Nginx(workdir, upstream, cpus))
+            else:
+                _log("nginx is not installed (apt-get install nginx-light): left out")
+        elif name == "plain":
+            made.append(_targets.PlainProxy(workdir, upstream, cpus))
+        elif name == "relay":
+            made.append(_targets.Relay(workdir, upstream, cpus,
+                                       profile=os.path.join(workdir, "relay.prof") if profile else None))
+        elif name == "litellm":
+            if os.path.exists(_LITELLM_VENV):
+                made.append(_targets.LiteLLM(workdir, upstream, cpus, binary=_LITELLM_VENV))
+            else:
+                _log("LiteLLM is not installed at %s (see docs/benchmarks.md): left out" % (_LITELLM_VENV,))
+        else:
+            raise SystemExit("unknown target %r" % (name,))
+    for name, tree in relay_trees.items():
+        made.append(_targets.Relay(workdir, upstream, cpus, tree=tree, name=name))
+    return made
+
+
+def run_all(settings: Settings, names: list[str], scenarios: list[str], workdir: str, *,
+            pin: bool = True, relay_trees: dict | None = None, profile: bool = False) -> dict:
+    """Start everything, run the scenarios, stop everything; return the results."""
+    pin = pin and (os.cpu_count() or 1) >= 2
+    target_cpus = {1} if pin else None
+    load_cpus = {0} if pin else None
+    upstream = _targets.FakeUpstreamProcess(workdir, load_cpus)
+    started = []
+    atexit.register(lambda: [p.stop() for p in reversed(started)])
+    upstream.start()
+    started.append(upstream)
+    targets = _make_targets(names, workdir, upstream, target_cpus, relay_trees or {}, profile)
+    live = []
+    for target in targets:
+        _log("starting %s" % (target.name,))
+        try:
+            target.start()
+        except RuntimeError as e:
+            _log("%s could not start: %s" % (target.name, e))
+            target.stop()
+            continue
+        started.append(target)
+        live.append(target)
+    runner = Runner(upstream, load_cpus, _log)
+    results: dict = {
+        "machine": _machine(),
+        "settings": settings.__dict__,
+        "pinned": pin,
+        "targets": {t.name: t.description for t in live},
+    }
+    began = time.monotonic()
+    try:
+        # S4 first, on processes that have only served warm-up requests, so
+        # that memory freed by earlier loads does not hide the cost of a stream.
+        if "S4" in scenarios:
+            results["S4"] = scenario_s4(runner, live, settings)
+        if "S3" in scenarios:
+            results["S3"] = scenario_s3(runner, live, settings)
+        if "S2" in scenarios:
+            results["S2"] = scenario_s2(runner, live, settings)
+        if "S1" in scenarios:
+            results["S1"] = scenario_s1(runner, live, settings)
+        if "S5" in scenarios:
+            results["S5"] = scenario_s5(runner, live, settings, workdir)
+    finally:
+        results["seconds"] = time.monotonic() - began
+        for process in reversed(started):
+            process.stop()
+        started.clear()
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the options, run, print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small counts: a few minutes")
+    parser.add_argument("--targets", default="direct,nginx,plain,relay,litellm")
+    parser.add_argument("--scenarios", default="S1,S2,S3,S4,S5")
+    parser.add_argument("--relay-tree", action="append", default=[], metavar="NAME=PATH",
+                        help="also run the relay from the twisted_relay copy under PATH, as NAME")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin targets to CPU 1 and load to CPU 0")
+    parser.add_argument("--profile", action="store_true", help="run the relay under cProfile (relay.prof in the work folder)")
+    parser.add_argument("--json", default=None, help="also write every figure to this file")
+    parser.add_argument("--workdir", default=None, help="keep logs and configs here (default: a temp folder)")
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else Settings()
+    names = [n for n in args.targets.split(",") if n]
+    if "direct" not in names:
+        names.insert(0, "direct")
+    trees = dict(item.split("=", 1) for item in args.relay_tree)
+    workdir = args.workdir or tempfile.mkdtemp(prefix="relay-bench-")
+    os.makedirs(workdir, exist_ok=True)
+    _log("work folder: %s" % (workdir,))
+    results = run_all(settings, names, args.scenarios.split(","), workdir,
+                      pin=not args.no_pin, relay_trees=trees, profile=args.profile)
+    shown = [n for n in names + list(trees) if n in results["targets"]]
+    machine = results["machine"]
+    print("machine: %d cores (%s), %s GiB, Python %s, Twisted %s, %s; load average at start %s; %s"
+          % (machine["nproc"], machine["cpu"], machine["mem_gib"], machine["python"], machine["twisted"],
+             machine["nginx"] or "no nginx", " ".join(machine["loadavg"]),
+             "targets pinned to CPU 1, upstream and load generator to CPU 0" if results["pinned"] else "not pinned"))
+    print("run took %.0f s (%s)" % (results["seconds"], "quick" if args.quick else "full"))
+    print()
+    print(format_rows(table(results, shown)))
+    rows = translation_rows(results)
+    if rows:
+        print()
+        print("S5 inbound translation (translate_request, policy unique, best of runs):")
+        print(format_rows(rows))
+    for relay in [n for n in shown if n == "relay" or n in trees]:
+        print()
+        print("targets for %s:" % (relay,))
+        print(format_rows(verdicts(results, relay)))
+    print()
+    print(format_rows(_helpers_rows(results, shown)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+
+
+def _helpers_rows(results: dict, names: list[str]) -> list[list[str]]:
+    """CPU used by the load generator and fake upstream, and by others on the machine, per run."""
+    rows = [["helpers (CPU-s / wall-s)", "target", "load generator", "fake upstream", "others on the machine"]]
+
+    def add(label, r):
+        if not r:
+            return
+        wall = r["wall_s"] or 1e-9
+        rows.append([label, "%.2f" % (r["target_cpu_s"] / wall,), "%.2f" % (r["cpu_s"] / wall,),
+                     "%.2f" % (r["upstream_cpu_s"] / wall,),
+                     "%.2f" % (r["other_cpu_s"] / (r.get("window_s") or wall),)])
+
+    s1 = results.get("S1")
+    for count, by_target in (s1 or {}).get("paced", {}).items():
+        for name in names:
+            add("S1 %s %s" % (count, name), by_target.get(name))
+    for key in ("S2", "S3"):
+        for name in names:
+            add("%s %s" % (key, name), (results.get(key) or {}).get(name))
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
