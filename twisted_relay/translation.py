@@ -355,8 +355,8 @@ class _History:
     """
     What the walk of a request leaves for its response: read-only once built.
 
-    :ivar declared: client id -> (message index, block index, upstream id,
-        original id, repaired) of the most recent declaration with that id.
+    :ivar declared: client id -> offset, in the flat table rows, of the most
+        recent declaration with that id.
     :ivar counts: original id -> number of declarations with it.
     :ivar upstream_ids: the upstream ids sent (``unique``; empty otherwise).
     :ivar upstream_to_client: upstream id -> client id of the most recent
@@ -367,18 +367,44 @@ class _History:
 
     def __init__(self, policy: str) -> None:
         self.policy = policy
-        self.declared: dict[str, tuple[int, int, str, str, bool]] = {}
+        self.declared: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.upstream_ids: set[str] = set()
         self.upstream_to_client: dict[str, str] = {}
 
 
-def _walk(messages: list, history: _History) -> tuple[list[tuple], list[tuple]]:
+def _writable_block(content: list, copy: list | None, bi: int) -> list:
+    """
+    The copy of ``content`` (made now if need be) whose block ``bi`` is a copy
+    too, so that the client's objects are never written to.
+    """
+    if copy is None:
+        copy = list(content)
+    if copy[bi] is content[bi]:
+        copy[bi] = dict(content[bi])
+    return copy
+
+
+# A table row is _ROW consecutive items of one flat list, in this order:
+# message index, block index, field, kind, block type, client id, upstream id,
+# original id, occurrence, pointed-at message index (-1: none), pointed-at
+# block index, repaired. The walk keeps no other per-block object alive (a
+# declaration is known by the offset of its row), so it gives the cyclic
+# garbage collector nothing to traverse on a long history.
+_ROW = 12
+_UPSTREAM = 6
+_ORIGINAL = 7
+_REPAIRED = 11
+
+
+def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
     """
     Walk ``messages`` in walk order, filling ``history``.
 
-    :return: the table rows as tuples in :class:`Entry` field order, and the
-        changes ``(message index, block index, field, upstream id)``.
+    :return: the table rows, flat (see ``_ROW``); and for every message with
+        a changed id, ``(message index, message, content)`` where ``content``
+        is a new list holding copies of the changed blocks and the very same
+        objects for the others.
     """
     unique = history.policy == UNIQUE
     declared = history.declared
@@ -388,20 +414,9 @@ def _walk(messages: list, history: _History) -> tuple[list[tuple], list[tuple]]:
     # (stem, separator) -> j such that every repair candidate below j is taken;
     # the taken sets only grow, so it stays true and keeps repairs linear.
     repair_floor: dict[tuple[str, str], int] = {}
-    rows: list[tuple] = []
-    changes: list[tuple] = []
-
-    def reference(mi: int, bi: int, field: str, block_type: Any, client_id: str) -> None:
-        if not isinstance(block_type, str):
-            block_type = None
-        target = declared.get(client_id)
-        if target is None:
-            rows.append((mi, bi, field, REFERENCE, block_type, client_id, client_id, None, None, None, False))
-            return
-        tmi, tbi, upstream, original, repaired = target
-        rows.append((mi, bi, field, REFERENCE, block_type, client_id, upstream, original, None, (tmi, tbi), repaired))
-        if upstream != client_id:
-            changes.append((mi, bi, field, upstream))
+    rows: list = []
+    add_row = rows.extend
+    rewritten: list[tuple] = []
 
     for mi, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -409,24 +424,45 @@ def _walk(messages: list, history: _History) -> tuple[list[tuple], list[tuple]]:
         content = message.get("content")
         if not isinstance(content, list):
             continue
+        new_content = None
         for bi, block in enumerate(content):
             if not isinstance(block, dict):
                 continue
             block_type = block.get("type")
+            if not isinstance(block_type, str):
+                block_type = None
             # A block's own references point at earlier blocks, so they are
             # resolved before its declaration (if any) is recorded.
             ref = block.get("tool_use_id")
             if isinstance(ref, str):
-                reference(mi, bi, TOOL_USE_ID, block_type, ref)
+                at = declared.get(ref)
+                if at is None:
+                    add_row((mi, bi, TOOL_USE_ID, REFERENCE, block_type, ref, ref, None, None, -1, -1, False))
+                else:
+                    upstream = rows[at + _UPSTREAM]
+                    add_row((mi, bi, TOOL_USE_ID, REFERENCE, block_type, ref, upstream, rows[at + _ORIGINAL],
+                             None, rows[at], rows[at + 1], rows[at + _REPAIRED]))
+                    if upstream != ref:
+                        new_content = _writable_block(content, new_content, bi)
+                        new_content[bi]["tool_use_id"] = upstream
             caller = block.get("caller")
             if isinstance(caller, dict):
                 ref = caller.get("tool_id")
                 if isinstance(ref, str):
-                    reference(mi, bi, CALLER_TOOL_ID, block_type, ref)
-            if not (
-                isinstance(block_type, str)
-                and (block_type == "tool_use" or block_type.endswith("_tool_use"))
-            ):
+                    at = declared.get(ref)
+                    if at is None:
+                        add_row((mi, bi, CALLER_TOOL_ID, REFERENCE, block_type, ref, ref, None, None, -1, -1,
+                                 False))
+                    else:
+                        upstream = rows[at + _UPSTREAM]
+                        add_row((mi, bi, CALLER_TOOL_ID, REFERENCE, block_type, ref, upstream,
+                                 rows[at + _ORIGINAL], None, rows[at], rows[at + 1], rows[at + _REPAIRED]))
+                        if upstream != ref:
+                            new_content = _writable_block(content, new_content, bi)
+                            new_caller = dict(caller)
+                            new_caller["tool_id"] = upstream
+                            new_content[bi]["caller"] = new_caller
+            if block_type is None or not (block_type == "tool_use" or block_type.endswith("_tool_use")):
                 continue
             client_id = block.get("id")
             if not isinstance(client_id, str):
@@ -445,41 +481,30 @@ def _walk(messages: list, history: _History) -> tuple[list[tuple], list[tuple]]:
                     client_id, separator, repair_floor.get(key, 2), declared, upstream_ids
                 )
                 repair_floor[key] = j + 1
+                upstream_ids.add(upstream)
             else:
                 upstream = client_id
-            if unique:
                 upstream_ids.add(upstream)
-            declared[client_id] = (mi, bi, upstream, original, repaired)
+            declared[client_id] = len(rows)
             upstream_to_client[upstream] = client_id
-            rows.append((mi, bi, ID, DECLARATION, block_type, client_id, upstream, original, k, None, repaired))
+            add_row((mi, bi, ID, DECLARATION, block_type, client_id, upstream, original, k, -1, -1, repaired))
             if upstream != client_id:
-                changes.append((mi, bi, ID, upstream))
-    return rows, changes
+                new_content = _writable_block(content, new_content, bi)
+                new_content[bi]["id"] = upstream
+        if new_content is not None:
+            rewritten.append((mi, message, new_content))
+    return rows, rewritten
 
 
-def _rewritten_body(body: dict, messages: list, changes: list[tuple]) -> dict:
+def _rewritten_body(body: dict, messages: list, rewritten: list[tuple]) -> dict:
     """
-    A copy of ``body`` with ``changes`` applied, copying only the messages and
-    blocks they touch and sharing every other object with ``body``.
+    A copy of ``body`` whose messages are those ``rewritten`` names, copied,
+    and the very same objects for the others.
     """
     new_messages = list(messages)
-    new_contents: dict[int, list] = {}
-    new_blocks: dict[tuple[int, int], dict] = {}
-    for mi, bi, field, upstream in changes:
-        block = new_blocks.get((mi, bi))
-        if block is None:
-            content = new_contents.get(mi)
-            if content is None:
-                message = dict(messages[mi])
-                content = message["content"] = list(message["content"])
-                new_messages[mi] = message
-                new_contents[mi] = content
-            block = new_blocks[(mi, bi)] = content[bi] = dict(content[bi])
-        if field == CALLER_TOOL_ID:
-            caller = block["caller"] = dict(block["caller"])
-            caller["tool_id"] = upstream
-        else:
-            block[field] = upstream
+    for mi, message, content in rewritten:
+        new_message = new_messages[mi] = dict(message)
+        new_message["content"] = content
     new_body = dict(body)
     new_body["messages"] = new_messages
     return new_body
@@ -627,7 +652,7 @@ class RequestTranslation:
     """
 
     def __init__(self, policy: str, upstream_body: dict, changed: bool,
-                 history: _History, rows: list[tuple]) -> None:
+                 history: _History, rows: list) -> None:
         self.policy = policy
         self.upstream_body = upstream_body
         self.changed = changed
@@ -642,7 +667,14 @@ class RequestTranslation:
         never need it (it is for dumps and diagnostics).
         """
         if self._table is None:
-            self._table = TranslationTable(self.policy, tuple(Entry(*row) for row in self._rows))
+            rows = self._rows
+            entries = []
+            for at in range(0, len(rows), _ROW):
+                (mi, bi, field, kind, block_type, client_id, upstream, original, k, pmi, pbi,
+                 repaired) = rows[at:at + _ROW]
+                entries.append(Entry(mi, bi, field, kind, block_type, client_id, upstream, original, k,
+                                     None if pmi < 0 else (pmi, pbi), repaired))
+            self._table = TranslationTable(self.policy, tuple(entries))
         return self._table
 
     @property
@@ -661,7 +693,7 @@ class RequestTranslation:
 
     def __repr__(self) -> str:
         return "<RequestTranslation policy=%s changed=%s entries=%d>" % (
-            self.policy, self.changed, len(self._rows))
+            self.policy, self.changed, len(self._rows) // _ROW)
 
 
 def translate_request(body: dict, policy: str = UNIQUE) -> RequestTranslation:
@@ -681,7 +713,7 @@ def translate_request(body: dict, policy: str = UNIQUE) -> RequestTranslation:
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list):
         return RequestTranslation(policy, body, False, history, [])
-    rows, changes = _walk(messages, history)
-    if not changes:
+    rows, rewritten = _walk(messages, history)
+    if not rewritten:
         return RequestTranslation(policy, body, False, history, rows)
-    return RequestTranslation(policy, _rewritten_body(body, messages, changes), True, history, rows)
+    return RequestTranslation(policy, _rewritten_body(body, messages, rewritten), True, history, rows)
