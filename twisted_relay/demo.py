@@ -34,6 +34,7 @@ from twisted.web.http import PotentialDataLoss
 from treq.client import HTTPClient
 
 from twisted_relay._version import __version__
+from twisted_relay._argtypes import seconds, whole_number
 from twisted_relay.sse import EventFramer, parse_event
 
 __all__ = [
@@ -454,24 +455,8 @@ async def run(reactor: Any, options: argparse.Namespace, out: TextIO = sys.stdou
     return 0 if report.ok else 1
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
-    return value
+_positive = whole_number(1)
+_seconds = seconds(allow_zero=False)
 
 
 def _base_url(text: str) -> str:

@@ -20,6 +20,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
 from twisted.web.server import Site
 
+from twisted_relay._argtypes import seconds, whole_number
 from twisted_relay.simulated.model import ID_STYLES, MODES
 from twisted_relay.simulated.resource import SimulatedUpstream
 
@@ -30,31 +31,9 @@ log = Logger()
 _LINE_ENDINGS = {"lf": "\n", "crlf": "\r\n", "cr": "\r"}
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = _count(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
-    if not 0 <= value < 3600:
-        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 3600 seconds")
-    return value
+_count = whole_number(0)
+_positive = whole_number(1)
+_seconds = seconds(allow_zero=True, maximum=3600)
 
 
 def _integer(text: str) -> int:
