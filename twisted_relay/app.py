@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 
-import treq
 import ujson
 from klein import Klein
 from klein.interfaces import IKleinRequest
@@ -37,6 +36,7 @@ from twisted_relay.translation import translate_request
 from twisted_relay.upstream import (
     UpstreamClient,
     client_response_headers,
+    read_body,
     upstream_request_headers,
 )
 
@@ -291,6 +291,10 @@ class RelayApp:
         request.setHeader(RELAY_REQUEST_ID_HEADER, request_id.encode("ascii"))
         started = self._reactor.seconds()
         outcome = _Outcome()
+        # Fires (with None, whatever happened) once the request is finished
+        # or its connection lost.
+        settled = request.notifyFinish()
+        settled.addErrback(lambda _: None)
         self._begin(request)
         try:
             return await self._relay_admitted(
@@ -298,6 +302,12 @@ class RelayApp:
             )
         except CancelledError:
             outcome.status = _CLIENT_GONE
+            # The client's transport stops the stream before the request
+            # hears of the lost connection; wait until it has, so Klein knows
+            # the request is gone and does not treat the cancellation as a
+            # failure to render.
+            if not settled.called:
+                await settled
             raise
         except Exception:
             self.log.failure("Unexpected failure relaying {relay_request_id}", relay_request_id=request_id)
@@ -361,7 +371,8 @@ class RelayApp:
             await self._stream(request, response, exchange, route, started, outcome)
             return None
         try:
-            answer = await self._read_upstream_body(response)
+            deadline = started + config.total_timeout if config.total_timeout else None
+            answer = await self._read_upstream_body(response, deadline)
         except RelayError as e:
             # Headers have been set but nothing written: a plain error still fits.
             _clear_headers(request)
@@ -396,11 +407,19 @@ class RelayApp:
                 self.metrics.upstream_errors.labels(e.kind or "other").inc()
                 raise
             self.metrics.upstream_latency.labels(route).observe(self._reactor.seconds() - sent)
-            if response.code in config.retry_statuses and attempt < config.retries:
+            if (
+                response.code in config.retry_statuses
+                and (response.code == 429 or response.code >= 500)
+                and attempt < config.retries
+            ):
                 delay = _retry_after(response.headers)
                 if delay is None or delay <= config.max_retry_wait:
                     attempt += 1
-                    await _discard(response)
+                    # Read the refused answer, so its connection goes back to the pool.
+                    try:
+                        await read_body(response, self._reactor, config.idle_timeout or None)
+                    except RelayError:
+                        pass
                     await self._retry_pause(attempt, delay, "status %d" % (response.code,))
                     continue
             return response
@@ -412,14 +431,12 @@ class RelayApp:
         self.log.info("Retrying upstream request ({why}), attempt {attempt} in {delay}s", why=why, attempt=attempt + 1, delay=delay)
         return deferLater(self._reactor, delay, lambda: None)
 
-    async def _read_upstream_body(self, response) -> bytes:
+    async def _read_upstream_body(self, response, deadline: float | None = None) -> bytes:
         try:
-            return await treq.content(response)
-        except CancelledError:
+            return await read_body(response, self._reactor, self._config.idle_timeout or None, deadline)
+        except RelayError as e:
+            self.metrics.upstream_errors.labels(e.kind).inc()
             raise
-        except Exception as e:
-            self.metrics.upstream_errors.labels("cut").inc()
-            raise RelayError(502, "The upstream's answer was cut off: %s." % (e.__class__.__name__,), kind="cut")
 
     def _translate_answer(self, answer: bytes, translation, request_id: str) -> bytes:
         try:
@@ -604,14 +621,6 @@ def _retry_after(headers: Headers) -> float | None:
             except (TypeError, ValueError):
                 pass
     return None
-
-
-async def _discard(response) -> None:
-    """Read and drop a body, so its connection can go back to the pool."""
-    try:
-        await treq.collect(response, lambda data: None)
-    except Exception:
-        pass
 
 
 def _upstream_path(request) -> str:

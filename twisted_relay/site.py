@@ -56,11 +56,20 @@ class _RelayChannel(HTTPChannel):
 
     _read_deadline = None
 
+    def connectionMade(self):
+        super().connectionMade()
+        # A connection that sends nothing at all is as slow as one that
+        # trickles: the first request must arrive in time too.
+        self._start_read_deadline()
+
     def dataReceived(self, data):
+        self._start_read_deadline()
+        super().dataReceived(data)
+
+    def _start_read_deadline(self) -> None:
         timeout = getattr(self.site, "request_read_timeout", None)
         if timeout and self._read_deadline is None and not self._handlingRequest:
             self._read_deadline = self.callLater(timeout, self._too_slow)
-        super().dataReceived(data)
 
     def allContentReceived(self):
         self._cancel_read_deadline()

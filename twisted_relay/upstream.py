@@ -14,7 +14,9 @@ from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.error import ConnectError, DNSLookupError, TimeoutError
 from twisted.logger import Logger
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
-from twisted.web.client import _HTTP11ClientFactory
+from twisted.web.client import ResponseDone, _HTTP11ClientFactory
+from twisted.web.http import PotentialDataLoss
+from twisted.internet.protocol import Protocol
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IResponse
 from zope.interface import implementer
@@ -24,6 +26,7 @@ from twisted_relay.errors import RelayError
 __all__ = [
     "HOP_BY_HOP",
     "display_url",
+    "read_body",
     "UpstreamClient",
     "client_response_headers",
     "upstream_request_headers",
@@ -111,6 +114,109 @@ def client_response_headers(upstream_headers: Headers) -> Headers:
     own server writes do not.
     """
     return _copy_headers(upstream_headers, _NOT_FORWARDED_TO_CLIENT)
+
+
+class _BodyReader(Protocol):
+    """
+    Collects a whole (non-streamed) upstream body, giving up when the
+    upstream is silent for ``idle_timeout`` seconds.
+    """
+
+    def __init__(self, done: Deferred, clock, idle_timeout: float | None, deadline: float | None):
+        self._done = done
+        self._clock = clock
+        self._idle_timeout = idle_timeout
+        self._deadline = deadline
+        self._chunks: list[bytes] = []
+        self._last = clock.seconds()
+        self._timer = None
+        self._deadline_call = None
+
+    def connectionMade(self) -> None:
+        if self._idle_timeout:
+            self._timer = self._clock.callLater(self._idle_timeout, self._check_idle)
+        if self._deadline is not None:
+            self._deadline_call = self._clock.callLater(
+                max(0.0, self._deadline - self._clock.seconds()), self._too_long
+            )
+
+    def _too_long(self) -> None:
+        self._deadline_call = None
+        self.transport.stopProducing()
+        self._fail(RelayError(504, "The request took longer than the relay's limit.", kind="total_timeout"))
+
+    def dataReceived(self, data: bytes) -> None:
+        self._chunks.append(data)
+        if self._timer is not None:
+            self._last = self._clock.seconds()
+
+    def _check_idle(self) -> None:
+        silent = self._clock.seconds() - self._last
+        if silent < self._idle_timeout:
+            self._timer = self._clock.callLater(self._idle_timeout - silent, self._check_idle)
+            return
+        self._timer = None
+        self.transport.stopProducing()
+        self._fail(
+            RelayError(
+                504,
+                "The upstream sent no byte of its answer for %g seconds." % (self._idle_timeout,),
+                kind="idle",
+            )
+        )
+
+    def stop(self) -> None:
+        """Stop reading: the client went away."""
+        if self.transport is not None:
+            self.transport.stopProducing()
+
+    def connectionLost(self, reason) -> None:
+        if self._done.called:
+            return
+        self._cancel_timer()
+        if reason.check(ResponseDone, PotentialDataLoss):
+            self._done.callback(b"".join(self._chunks))
+        else:
+            self._fail(
+                RelayError(
+                    502,
+                    "The upstream's answer was cut off: %s." % (reason.type.__name__,),
+                    kind="cut",
+                )
+            )
+
+    def _fail(self, error: RelayError) -> None:
+        self._cancel_timer()
+        if not self._done.called:
+            self._done.errback(error)
+
+    def _cancel_timer(self) -> None:
+        for timer in (self._timer, self._deadline_call):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._timer = self._deadline_call = None
+
+
+def read_body(
+    response: IResponse, clock, idle_timeout: float | None, deadline: float | None = None
+) -> "Deferred[bytes]":
+    """
+    Read a whole upstream body. Fails with a :class:`RelayError` when the
+    upstream cuts it (502), goes silent for ``idle_timeout`` seconds, or is
+    not done by ``deadline`` (a ``clock.seconds()`` value) (504); cancelling
+    stops the upstream transport.
+    """
+    if response.length == 0:
+        return succeed(b"")
+    reader = None
+
+    def cancel(d):
+        reader.stop()
+
+    d = Deferred(cancel)
+    reader = _BodyReader(d, clock, idle_timeout, deadline)
+    response.deliverBody(reader)
+    return d
 
 
 class _QuietClientFactory(_HTTP11ClientFactory):
@@ -243,7 +349,7 @@ class UpstreamClient:
                     504, "The upstream sent no response within %g seconds." % (timeout,), kind="timeout"
                 )
             if _cancelled(failure):
-                return failure
+                raise CancelledError("The request to the upstream was cancelled.")
             raise _relay_error_for(failure, self.display_url)
 
         d.addBoth(done)
