@@ -102,6 +102,8 @@ class HTTPResponseReader:
         """
         Take bytes; return those past the end of the response (normally none).
         """
+        if self._state == "done":
+            return data
         if self._state == "length":
             return self._feed_length(data)
         if self._state == "close":
