@@ -311,7 +311,8 @@ class UnreachableUpstreamTests(FaultTestCase):
         started = reactor.seconds()
         # A relay that never gives up leaves the client waiting: bound it.
         answer = ensureDeferred(self.whole_answer(self.post()))
-        reactor.callLater(3, answer.cancel)
+        guard = reactor.callLater(3, answer.cancel)
+        self.addCleanup(lambda: guard.active() and guard.cancel())
         try:
             status, raw = await answer
         except Exception as e:
@@ -785,7 +786,8 @@ class SlowClientTests(FaultTestCase):
         client = self.raw(b"")
         started = reactor.seconds()
         done = client.done
-        reactor.callLater(3, lambda: client.closed_at is None and client.abort())
+        guard = reactor.callLater(3, lambda: client.closed_at is None and client.abort())
+        self.addCleanup(lambda: guard.active() and guard.cancel())
         await done
         self.assertLess(client.closed_at - started, 1.5, "connection still open after 1.5 s")
         await self.assert_clean()
