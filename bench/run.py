@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
@@ -577,7 +577,7 @@ def verdicts(results: dict, relay: str = "relay") -> list[list[str]]:
                 "S1 200: added median per event",
                 "%s ms (plain %s ms)" % (_fmt(added, "%+.2f"), _fmt(plain_added, "%+.2f")),
                 "<= plain; goal <= 0.3 ms",
-                None if added is None else (plain_added is None or added <= plain_added),
+                None if added is None or plain_added is None else added <= plain_added,
             )
             add("S1 200: added median <= 0.3 ms (goal)", _fmt(added, "%+.2f"), "<= 0.3 ms",
                 None if added is None else added <= 0.3)
@@ -751,10 +751,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pin", action="store_true",
                         help="pin targets to CPU 1, the upstream and load generator to CPU 0")
     parser.add_argument("--profile", action="store_true", help="run the relay under cProfile (relay.prof in the work folder)")
+    parser.add_argument("--s1-counts", default=None, help="paced stream counts, e.g. 200,1000")
+    parser.add_argument("--s1-search", default=None, help="counts tried in the search, e.g. 2000,3000 (empty: none)")
     parser.add_argument("--json", default=None, help="also write every figure to this file")
     parser.add_argument("--workdir", default=None, help="keep logs and configs here (default: a temp folder)")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
+    if args.s1_counts:
+        settings = replace(settings, s1_counts=tuple(int(n) for n in args.s1_counts.split(",")))
+    if args.s1_search is not None:
+        settings = replace(settings, s1_search=tuple(int(n) for n in args.s1_search.split(",") if n))
     names = [n for n in args.targets.split(",") if n]
     if "direct" not in names:
         names.insert(0, "direct")
