@@ -486,7 +486,8 @@ class UpstreamErrorTests(FaultTestCase):
             response = await self.post()
             self.assertEqual(response.code, status)
             self.assertEqual(await treq.content(response), answer.body)
-            self.assertEqual(response.headers.getRawHeaders(b"retry-after"), None if retry_after is None else [retry_after.encode()])
+            expected = None if retry_after is None else [retry_after.encode()]
+            self.assertEqual(response.headers.getRawHeaders(b"retry-after"), expected)
         self.assertEqual(self.upstream.request_count, len(cases))
         await self.assert_clean()
 
