@@ -13,6 +13,7 @@ test began.
 from __future__ import annotations
 
 import os
+import socket
 
 import treq
 import ujson
@@ -642,6 +643,36 @@ class ClientDisconnectTests(FaultTestCase):
         gone = reactor.seconds()
         await wait_for(lambda: self.upstream.received[0].outcome == "lost", timeout=1)
         self.assertLess(self.upstream.received[0].ended_at - gone, 0.5)
+        await self.assert_clean()
+
+    async def test_disconnect_while_connecting_upstream(self):
+        """
+        The client hangs up while the relay is still connecting to the
+        upstream: that is a client gone (499), not an upstream failure,
+        and the connection attempt is dropped.
+        """
+        # A listener that never accepts, its backlog already full: a
+        # connection attempt to it hangs.
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        fillers = []
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(listener.getsockname())
+            fillers.append(filler)
+        self.start_relay("http://127.0.0.1:%d" % (listener.getsockname()[1],), connect_timeout=5)
+        client = self.raw(self.raw_post())
+        await sleep(0.3)
+        client.abort()
+        await client.done
+        await wait_for(lambda: not self.relay.app._active, timeout=1)
+        metrics = await treq.content(await self.http.get(self.relay_url + "/metrics"))
+        self.assertIn(b'relay_requests_total{route="messages",status="499"} 1.0', metrics)
+        self.assertNotIn(b"relay_upstream_failures_total{", metrics)
+        for sock in fillers + [listener]:
+            sock.close()
         await self.assert_clean()
 
     async def test_disconnect_while_sending_the_body(self):
