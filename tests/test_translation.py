@@ -423,6 +423,33 @@ class RequestTests(SynchronousTestCase):
         self.assertEqual(s.client_ids(), ["toolu_x", "toolu_x-2-2"])
         self.assertEqual(upstream_ids(s.request().upstream_body), ["toolu_x", "toolu_x", "toolu_x-2", "toolu_x-2"])
 
+    def test_suffix_the_relay_never_makes(self):
+        """
+        Under ``original`` a ``tool_use`` id ending in ``_<digits>`` is not a
+        rewrite (the relay suffixes ``tool_use`` ids with ``-``): a history
+        holding one goes upstream unchanged.
+        """
+        messages = [{"role": "assistant", "content": [tool_use("toolu_x"), tool_use("toolu_x_2")]},
+                    {"role": "user", "content": [tool_result("toolu_x"), tool_result("toolu_x_2")]}]
+        body = body_of(messages)
+        t = translate_request(body, ORIGINAL)
+        self.assertIs(t.upstream_body, body)
+        self.assertEqual(t.table.entries[1].original_id, "toolu_x_2")
+
+    def test_cross_type_lookalike(self):
+        """
+        Under ``original`` a ``tool_use`` that echoes a rewritten
+        ``server_tool_use`` id (``srv_2``) is rewritten with ``-`` and still
+        decodes exactly: lookalikes are recognised across separators.
+        """
+        s = Session(ORIGINAL)
+        server = {"type": "server_tool_use", "id": "srv", "name": "web_search", "input": {}}
+        s.answer([server])
+        s.answer([server])
+        s.answer([tool_use("srv_2")])
+        self.assertEqual(s.client_ids(), ["srv", "srv_2", "srv_2-2"])
+        self.assertEqual(upstream_ids(s.request().upstream_body), ["srv", "srv", "srv_2", "srv_2"])
+
     def test_lookalike_chain(self):
         """
         A chain of lookalikes (``X``, native ``X-2``, native ``X-2-2``, then

@@ -432,6 +432,10 @@ class Conversation:
             # 2. pairwise distinct, and references point at the same blocks
             ids = [block_id for _, block_id, _ in up_decls]
             case.assertEqual(len(ids), len(set(ids)), "duplicate upstream declaration ids")
+            # the relay's own ids are already unique: only raw ones get repaired
+            case.assertEqual(
+                [up for (pos, up, _), (_, client, _) in zip(up_decls, client_decls) if pos in truth.relay_made],
+                [client for pos, client, _ in client_decls if pos in truth.relay_made])
             case.assertEqual([t for _, _, _, t in up_refs], [t for _, _, _, t in client_refs])
         else:
             # 3. exactly the ids the upstream emitted, references included

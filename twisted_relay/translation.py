@@ -608,6 +608,9 @@ class ResponseTranslator:
             collides = emitted in declared or emitted in taken
         else:
             taken = ()
+            # Every client id decodes to itself or is a lookalike, so the
+            # first test is implied by the others; it is kept (a dict lookup)
+            # so that client uniqueness does not rest on that argument alone.
             collides = (
                 emitted in declared
                 or emitted in originals
