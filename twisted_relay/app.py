@@ -25,8 +25,10 @@ from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
+from twisted.web.resource import Resource
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
+from twisted_relay._json import dumps
 from twisted_relay._version import __version__
 from twisted_relay.config import RelayConfig
 from twisted_relay.errors import RelayError
@@ -69,8 +71,7 @@ def _new_request_id() -> str:
     return "rly_" + os.urandom(12).hex()
 
 
-def _dumps(value) -> bytes:
-    return ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
+_dumps = dumps
 
 
 class RelayApp:
@@ -85,6 +86,8 @@ class RelayApp:
     """
 
     app = Klein()
+    # Relay paths as they come: no redirect of "//" (werkzeug's default).
+    app.url_map.merge_slashes = False
     log = Logger()
 
     def __init__(
@@ -108,7 +111,7 @@ class RelayApp:
 
     def resource(self):
         """The relay's web resource, to serve or to mount in another ``Site``."""
-        return self.app.resource()
+        return _Utf8PathGuard(self.app.resource())
 
     # -- routes -----------------------------------------------------------
 
@@ -576,6 +579,31 @@ class RelayApp:
             block_type=rewrite.block_type,
             suspected_double_emission=rewrite.suspected_double_emission,
         )
+
+
+class _Utf8PathGuard(Resource):
+    """
+    Answers a path that is not UTF-8 with an Anthropic-shaped 400 (Klein's
+    own answer is an HTML page), and leaves every other request to Klein.
+    """
+
+    isLeaf = True
+
+    def __init__(self, klein_resource):
+        super().__init__()
+        self._klein = klein_resource
+
+    def render(self, request):
+        try:
+            b"/".join(request.prepath + request.postpath).decode("utf-8")
+        except UnicodeDecodeError:
+            error = RelayError(400, "The request path is not valid UTF-8.")
+            request.setResponseCode(400)
+            request.setHeader(b"content-type", _JSON)
+            request_id = _new_request_id()
+            request.setHeader(RELAY_REQUEST_ID_HEADER, request_id.encode("ascii"))
+            return _whole(request, error.body(request_id))
+        return self._klein.render(request)
 
 
 @dataclass(slots=True)

@@ -33,7 +33,10 @@ class _RelayRequest(Request):
             self.body_too_large = True
             self.content = io.BytesIO()
             return
-        super().gotLength(length)
+        # In memory, however large: the route reads the whole body into
+        # memory anyway, and max_body bounds it; Twisted's default spools a
+        # body over 100 kB to a temporary file, a write and a read of disk.
+        self.content = io.BytesIO()
 
     def handleContentChunk(self, data):
         if self.body_too_large:
@@ -113,6 +116,10 @@ class RelaySite(Site):
 
     def __init__(self, resource, *, max_body: int | None = None, request_read_timeout: float | None = None,
                  timeout: float = 120, **kwargs):
+        # The relay reads JSON bodies, never HTML forms: no form parsing,
+        # which costs every POST an email.message parse and fails on odd
+        # Content-Type values.
+        kwargs.setdefault("parsePOSTFormSubmission", False)
         super().__init__(resource, timeout=timeout, **kwargs)
         self.max_body = max_body
         self.request_read_timeout = request_read_timeout

@@ -27,6 +27,7 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
+from twisted_relay._json import dumps
 from twisted_relay.errors import RelayError
 
 if TYPE_CHECKING:
@@ -327,7 +328,7 @@ def _ending(reason: Failure | None) -> str:
 
 
 def _dumps(obj: object) -> bytes:
-    return ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
+    return dumps(obj)
 
 
 @implementer(IPushProducer)

@@ -11,7 +11,7 @@ from typing import Iterable
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.error import ConnectError, DNSLookupError, TimeoutError
+from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError, TimeoutError
 from twisted.logger import Logger
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
 from twisted.web.client import ResponseDone, _HTTP11ClientFactory
@@ -374,7 +374,7 @@ def display_url(url: str) -> str:
 
 def _cancelled(failure) -> bool:
     """Whether a request failed because it was cancelled (the client left)."""
-    if failure.check(CancelledError):
+    if failure.check(CancelledError, ConnectingCancelledError):
         return True
     if failure.check(ResponseNeverReceived):
         return any(reason.check(CancelledError) for reason in failure.value.reasons)

@@ -197,7 +197,8 @@ def declaration_ids(messages: Sequence[Any], kind: str | None = None) -> list[st
 
 
 def _canonical(value: Any) -> bytes:
-    return ujson.dumps(value, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    # ASCII escapes: a lone surrogate (valid JSON) has no UTF-8 form.
+    return ujson.dumps(value, sort_keys=True, ensure_ascii=True).encode("ascii")
 
 
 def conversation_key(session_id: str | None, body: Any) -> str:
@@ -658,7 +659,13 @@ def compose_answer(body: Any, options: ModelOptions) -> dict:
 
 
 def _dumps(value: Any) -> str:
-    return ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False)
+    text = ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate echoed from the request has no UTF-8 form.
+        text = ujson.dumps(value, ensure_ascii=True, escape_forward_slashes=False)
+    return text
 
 
 def _pieces(text: str, rng: random.Random, leading_empty: bool) -> list[str]:

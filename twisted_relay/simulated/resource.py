@@ -25,6 +25,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
+from twisted_relay._json import dumps
 from twisted_relay.errors import error_body
 from twisted_relay.simulated.model import (
     LINE_ENDINGS,
@@ -71,7 +72,7 @@ class ReceivedRequest(NamedTuple):
 
 
 def _json(value: Any) -> bytes:
-    return ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
+    return dumps(value)
 
 
 class SimulatedUpstream:
