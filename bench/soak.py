@@ -24,6 +24,7 @@ own deadline.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import random
 import re
@@ -80,7 +81,9 @@ STREAM_FAULTS = {
     "complete": (50, "stream_ok"),
     "slow_but_fine": (6, "stream_ok"),  # silent past ping_interval, under idle_timeout
     "cut": (6, "stream_error:api_error"),
-    "reset_mid_stream": (4, "stream_error:api_error"),
+    # A reset that overtakes the events (the relay had not read them yet)
+    # is a reset before headers to the relay: sent again, and a whole stream.
+    "reset_mid_stream": (4, ("stream_error:api_error", "stream_ok")),
     "truncated": (4, "stream_error:api_error"),
     "garbage": (3, "stream_error:api_error"),
     "silent_too_long": (3, "stream_error:timeout_error"),
@@ -168,10 +171,20 @@ class SessionFaults(Fault):
             fault = _json_fault(kind, self._rng)
         return fault.respond(request, exchange)
 
+    def attempts(self, session: bytes) -> int:
+        """Requests of ``session`` the upstream received so far."""
+        return self._attempts[session]
+
     def forget(self, session: bytes) -> None:
         """Drop what is kept of a finished session."""
         self._plans.pop(session, None)
         self._attempts.pop(session, None)
+
+
+def error_message(raw: bytes) -> str:
+    """The ``error.message`` in an answer, if there is one."""
+    found = re.findall(rb'"message":"((?:[^"\\]|\\.)*)"', parse_response(raw).body)
+    return found[-1].decode("utf-8", "replace") if found else ""
 
 
 def classify(raw: bytes) -> str:
@@ -338,9 +351,30 @@ class Soak:
         else:
             got = classify(raw)
             self.outcomes[got] += 1
-            if got != expected and len(self.anomalies) < 1000:
-                self.anomalies.append("%s %s: expected %s, got %s" % (session.decode(), kind, expected, got))
+            acceptable = expected if isinstance(expected, tuple) else (expected,)
+            if got not in acceptable and self.args.trace:
+                self.trace(session, kind)
+            if got not in acceptable and len(self.anomalies) < 1000:
+                self.anomalies.append(
+                    "%s %s: expected %s, got %s after %d upstream attempts %s"
+                    % (session.decode(), kind, expected, got, self.faults.attempts(session), error_message(raw)[:120])
+                )
         self.faults.forget(session)
+        if len(self.upstream.received) > 5000:
+            self.upstream.forget_finished()
+
+    def trace(self, session: bytes, kind: str) -> None:
+        """Print each upstream attempt of a session, and what else its connection carried."""
+        for record in self.upstream.received:
+            if record.header(SOAK_ID) != [session]:
+                continue
+            print("trace %s (%s): connection %d, arrived %.3f s, %s %.3f s later"
+                  % (session.decode(), kind, record.connection, record.at - self.started, record.outcome,
+                     (record.ended_at or record.at) - record.at))
+            for other in self.upstream.received:
+                if other.connection == record.connection and other is not record:
+                    print("    same connection: %s, arrived %.3f s, %s"
+                          % (b"".join(other.header(SOAK_ID)).decode(), other.at - self.started, other.outcome))
 
     async def run(self) -> None:
         args = self.args
@@ -439,8 +473,12 @@ async def main(args) -> int:
         elapsed = time.monotonic() - begun
         status, metrics = await deferToThread(http_get, soak.port, "/metrics")
         stop_seconds, exit_code = await deferToThread(soak.stop_relay)
-        with open(soak.logfile, errors="replace") as log:
-            log_text = log.read()
+        # twistd rotates its log every megabyte: read every part, oldest first.
+        parts = sorted(glob.glob(soak.logfile + ".*"), key=lambda name: -int(name.rsplit(".", 1)[1]))
+        log_text = ""
+        for name in parts + [soak.logfile]:
+            with open(name, errors="replace") as log:
+                log_text += log.read()
         if args.log:
             with open(args.log, "w") as copy:
                 copy.write(log_text)
@@ -461,6 +499,7 @@ def parse_args(argv=None):
     parser.add_argument("--requests", type=int, default=200000, help="most sessions in all")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--log", help="keep a copy of the relay's log here")
+    parser.add_argument("--trace", action="store_true", help="print the upstream's view of each anomaly")
     args = parser.parse_args(argv)
     if args.duration is None:
         args.duration = 40.0 if args.quick else 180.0

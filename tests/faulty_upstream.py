@@ -146,6 +146,7 @@ class Received:
     :ivar headers: ``(lower-case name, value)`` pairs as received.
     :ivar body: the request body.
     :ivar at: the reactor's time when the request arrived.
+    :ivar connection: which connection it came on (1 for the first one accepted, ...).
     :ivar outcome: ``"finished"`` when the upstream completed its answer,
         ``"lost"`` when the connection went away first, ``None`` meanwhile.
     :ivar ended_at: the reactor's time of the outcome.
@@ -157,6 +158,7 @@ class Received:
     headers: list[tuple[bytes, bytes]]
     body: bytes
     at: float
+    connection: int = 0
     outcome: str | None = None
     ended_at: float | None = None
     ended: Deferred = field(default_factory=Deferred)
@@ -456,6 +458,7 @@ class FaultyUpstream:
         self._channels: set = set()
         self._exchanges: set[_Exchange] = set()
         self._numbers = itertools.count(1)
+        self._count = 0
         self._port = None
         self._closed_waiters: list[Deferred] = []
 
@@ -470,8 +473,12 @@ class FaultyUpstream:
 
     @property
     def request_count(self) -> int:
-        """Requests received so far."""
-        return len(self.received)
+        """Requests received so far (forgotten ones included)."""
+        return self._count
+
+    def forget_finished(self) -> None:
+        """Drop the records of requests that have ended, so that a long run keeps few."""
+        self.received = [record for record in self.received if record.outcome is None]
 
     @property
     def in_flight(self) -> list[Received]:
@@ -510,8 +517,10 @@ class FaultyUpstream:
             [(name.lower(), value) for name, values in request.requestHeaders.getAllRawHeaders() for value in values],
             content,
             self.reactor.seconds(),
+            request.channel.number,
         )
         self.received.append(record)
+        self._count += 1
         exchange = _Exchange(self, request, record, number)
         self._exchanges.add(exchange)
         fault = self._script.popleft() if self._script else self._default_for(content)
@@ -530,6 +539,7 @@ class FaultyUpstream:
         self._channels.add(channel)
         self.open_connections += 1
         self.connections_made += 1
+        channel.number = self.connections_made
 
     def _closed(self, channel) -> None:
         self._channels.discard(channel)

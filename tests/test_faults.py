@@ -13,7 +13,9 @@ test began.
 from __future__ import annotations
 
 import os
+import re
 import socket
+import time
 
 import treq
 import ujson
@@ -41,6 +43,7 @@ from tests.faulty_upstream import (
     cut_after,
     error_answer,
     garbage_stream,
+    message_json,
     oversized_event,
     parse_response,
     silent_mid_stream,
@@ -102,6 +105,64 @@ def sse(body: bytes) -> list[tuple[str | None, object]]:
             payload = None
         events.append((name, payload))
     return events
+
+
+class _RawUpstream:
+    """
+    An upstream on a bare non-blocking socket, polled by the test, for
+    races that need bytes to be sent while the reactor is not running.
+
+    :ivar requests: for each accepted connection, in order, the number of
+        whole requests received on it.
+    """
+
+    def __init__(self):
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(8)
+        self._listener.setblocking(False)
+        self.url = "http://127.0.0.1:%d" % (self._listener.getsockname()[1],)
+        self._connections: list[socket.socket] = []
+        self._buffers: list[bytearray] = []
+        self.requests: list[int] = []
+
+    def poll(self) -> int:
+        """Accept and read what is there; return the number of whole requests received so far."""
+        while True:
+            try:
+                connection = self._listener.accept()[0]
+            except BlockingIOError:
+                break
+            connection.setblocking(False)
+            self._connections.append(connection)
+            self._buffers.append(bytearray())
+            self.requests.append(0)
+        for n, connection in enumerate(self._connections):
+            try:
+                self._buffers[n] += connection.recv(65536)
+            except (BlockingIOError, OSError):
+                pass
+            while True:
+                head, sep, rest = bytes(self._buffers[n]).partition(b"\r\n\r\n")
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                if not sep or length is None or len(rest) < int(length.group(1)):
+                    break
+                del self._buffers[n][: len(head) + 4 + int(length.group(1))]
+                self.requests[n] += 1
+        return sum(self.requests)
+
+    def send(self, n: int, data: bytes) -> None:
+        """Write on the ``n``-th connection accepted."""
+        self._connections[n].sendall(data)
+
+    def close(self) -> None:
+        """Close every socket."""
+        for sock in self._connections + [self._listener]:
+            sock.close()
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 class FaultTestCase(TestCase):
@@ -673,6 +734,69 @@ class ClientDisconnectTests(FaultTestCase):
         self.assertNotIn(b"relay_upstream_failures_total{", metrics)
         for sock in fillers + [listener]:
             sock.close()
+        await self.assert_clean()
+
+    async def test_client_gone_as_its_stream_ends(self):
+        """
+        A client that hangs up in the very reactor turn in which the last
+        bytes of its stream arrive: the relay closes that upstream
+        connection, and must not also put it back in its pool, where the
+        next request would be written on it and then cut (a 502 "closed the
+        connection before answering" for an innocent request).
+        """
+        upstream = _RawUpstream()
+        self.addCleanup(upstream.close)
+        self.start_relay(upstream.url)
+        events = sse_events()
+        first = socket.create_connection(("127.0.0.1", self.relay_port))
+        self.addCleanup(first.close)
+        first.sendall(self.raw_post())
+        await wait_for(lambda: upstream.poll() == 1)
+        upstream.send(0, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        upstream.send(0, b"".join(_chunk(event) for event in events[:-1]))
+        first.setblocking(False)
+
+        def first_got_bytes() -> bool:
+            try:
+                return bool(first.recv(65536))
+            except BlockingIOError:
+                return False
+
+        await wait_for(first_got_bytes)
+        second = socket.create_connection(("127.0.0.1", self.relay_port))
+        self.addCleanup(second.close)
+        await sleep(0.1)
+        # Without letting the reactor run: the client hangs up, its stream
+        # ends, and the next request comes, so that the relay's next turn
+        # sees all three at once, in that order.
+        first.close()
+        time.sleep(0.02)
+        upstream.send(0, _chunk(events[-1]) + b"0\r\n\r\n")
+        time.sleep(0.02)
+        second.sendall(self.raw_post(encode(messages_body(tools=False))))
+        time.sleep(0.02)
+        await wait_for(lambda: upstream.poll() == 2, timeout=3)
+        self.assertEqual(upstream.requests[0], 1, "the next request was written on a connection being closed")
+        answer = ujson.dumps(message_json()).encode()
+        upstream.send(1, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                      % (len(answer), answer))
+        second.setblocking(False)
+        answered = bytearray()
+
+        def second_answered() -> bool:
+            try:
+                answered.extend(second.recv(65536))
+            except BlockingIOError:
+                pass
+            return parse_response(bytes(answered)).complete
+
+        await wait_for(second_answered)
+        self.assertEqual(parse_response(bytes(answered)).status, 200)
+        second.close()
+        await wait_for(lambda: not self.relay.app._active, timeout=1)
+        # The pool's idle connections go to this upstream, not the usual one.
+        await self.relay.client.close()
+        upstream.close()
         await self.assert_clean()
 
     async def test_disconnect_while_sending_the_body(self):
