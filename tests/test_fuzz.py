@@ -427,7 +427,7 @@ class InMemoryFuzzTests(AnswerJudge, SynchronousTestCase):
         keys): each gets a well-formed error or a correct relay.
         """
 
-        @settings(max_examples=900, **_FUZZ)
+        @settings(max_examples=1200, **_FUZZ)
         @given(st.one_of(raw_bodies, spliced_bodies()))
         @example(
             b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"\\ud800"},'
@@ -493,7 +493,7 @@ class InMemoryFuzzTests(AnswerJudge, SynchronousTestCase):
         a memory reactor never runs.)
         """
 
-        @settings(max_examples=400, **_FUZZ)
+        @settings(max_examples=500, **_FUZZ)
         @given(methods, paths, st.one_of(st.none(), bodies.map(encode)))
         @example(b"POST", "/v1/messages%80", encode(messages_body()))
         def property(method, path, body):
@@ -561,7 +561,7 @@ class RealSocketFuzzTests(AnswerJudge, TestCase):
         )
 
     def fuzz_raw(self) -> None:
-        @settings(max_examples=250, **_FUZZ)
+        @settings(max_examples=400, **_FUZZ)
         @given(
             st.one_of(bodies.map(encode), raw_bodies, spliced_bodies()),
             st.lists(
