@@ -426,6 +426,34 @@ class ForwardingTests(RelayTestMixin, SynchronousTestCase):
         self.assertEqual(sent[3]["content"][0]["id"], "toolu_dup-2")
         self.assertEqual(sent[4]["content"][0]["tool_use_id"], "toolu_dup-2")
 
+    def test_huge_ids_are_bounded_in_logs(self):
+        """
+        Ids come from clients and models and may be huge: the log event of a
+        repair names them by a bounded prefix and their length.
+        """
+        from twisted.logger import globalLogPublisher
+
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        relay = self.relay(SimulatedUpstream(mode="strict", seed=1))
+        huge = "toolu_" + "x" * 100_000
+        tool_use = {"type": "tool_use", "id": huge, "name": "get_weather", "input": {}}
+        history = [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [tool_use]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": huge, "content": "1"}]},
+            {"role": "assistant", "content": [dict(tool_use)]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": huge, "content": "2"}]},
+        ]
+        response = result(self, relay, relay.post("/v1/messages/count_tokens", messages_body(history)))
+        self.assertEqual(response.code, 200)
+        repairs = [e for e in events if "Repaired" in e.get("log_format", "")]
+        self.assertEqual(len(repairs), 1)
+        self.assertLess(len(repairs[0]["client_id"]), 300)
+        self.assertIn("(100006 chars)", repairs[0]["client_id"])
+        self.assertTrue(huge.startswith(repairs[0]["client_id"][:200]))
+
     def test_models(self):
         """
         ``GET /v1/models`` and ``GET /v1/models/{id}`` are relayed with their

@@ -12,8 +12,6 @@ test began.
 
 from __future__ import annotations
 
-from unittest import skipIf
-
 import os
 import re
 import socket
@@ -741,7 +739,6 @@ class ClientDisconnectTests(FaultTestCase):
     # Known relay bug, open in issue 5's note: when the client hangs up in
     # the reactor turn in which its stream ends, the closing upstream
     # connection goes back to the pool and the next request is cut.
-    @skipIf(True, "known bug: the relay pools an upstream connection it is closing (see issue 5's note)")
     async def test_client_gone_as_its_stream_ends(self):
         """
         A client that hangs up in the very reactor turn in which the last

@@ -2,10 +2,14 @@
 Tests for the header rules between client, relay and upstream.
 """
 
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Factory, Protocol
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 
-from twisted_relay.upstream import client_response_headers, upstream_request_headers
+from twisted_relay.upstream import UpstreamClient, client_response_headers, upstream_request_headers
 
 
 def headers(**pairs):
@@ -122,3 +126,58 @@ class ClientResponseHeadersTests(SynchronousTestCase):
         )
         returned = client_response_headers(upstream)
         self.assertEqual([n for n, _ in returned.getAllRawHeaders()], [b"Request-Id"])
+
+
+class _ChunkyUpstream(Protocol):
+    """Answers each request with a chunked body of many small chunks, in one write."""
+
+    CHUNKS = [b"event: content_block_delta\ndata: {\"n\": %d}\n\n" % i for i in range(200)]
+
+    def connectionMade(self):
+        self.factory.connections += 1
+        self._buffer = b""
+
+    def dataReceived(self, data):
+        self._buffer += data
+        while b"\r\n\r\n" in self._buffer:
+            _, self._buffer = self._buffer.split(b"\r\n\r\n", 1)
+            body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in self.CHUNKS) + b"0\r\n\r\n"
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" + body
+            )
+
+
+class _Collect(Protocol):
+    def __init__(self):
+        self.calls = []
+        self.done = Deferred()
+
+    def dataReceived(self, data):
+        self.calls.append(data)
+
+    def connectionLost(self, reason):
+        self.done.callback(reason.value)
+
+
+class CoalescedBodyTests(TestCase):
+    """On a real socket, the pool's connections read chunked bodies a read at a time."""
+
+    async def test_many_chunks_one_callback_per_read(self):
+        factory = Factory.forProtocol(_ChunkyUpstream)
+        factory.connections = 0
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        client = UpstreamClient(reactor, "http://127.0.0.1:%d" % (port.getHost().port,))
+        self.addCleanup(client.close)
+        for _ in range(2):
+            response = await client.request(b"POST", "/v1/messages", Headers(), b"{}")
+            collector = _Collect()
+            response.deliverBody(collector)
+            reason = await collector.done
+            self.assertIsInstance(reason, ResponseDone)
+            self.assertEqual(b"".join(collector.calls), b"".join(_ChunkyUpstream.CHUNKS))
+            # 200 chunks, a few reads: never a callback per chunk.
+            self.assertLess(len(collector.calls), 20)
+        # The second request reused the first one's connection.
+        self.assertEqual(factory.connections, 1)

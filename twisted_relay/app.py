@@ -554,30 +554,31 @@ class RelayApp:
                 "Repaired duplicate id {client_id} as {upstream_id} at messages.{message_index}"
                 ".content.{block_index} ({relay_request_id})",
                 relay_request_id=request_id,
-                client_id=entry.client_id,
-                upstream_id=entry.upstream_id,
+                client_id=_loggable(entry.client_id),
+                upstream_id=_loggable(entry.upstream_id),
                 message_index=entry.message_index,
                 block_index=entry.block_index,
             )
 
     def _note_rewrite(self, request_id: str, rewrite) -> None:
         self.metrics.ids_rewritten.labels(rewrite.block_type).inc()
+        ids = dict(
+            relay_request_id=request_id,
+            upstream_id=_loggable(rewrite.upstream_id),
+            client_id=_loggable(rewrite.client_id),
+        )
         if rewrite.suspected_double_emission:
             self.metrics.suspected_double_emissions.inc()
             self.log.warn(
                 "Suspected double emission: upstream repeated block {upstream_id} in one answer; "
                 "sent to the client as {client_id} ({relay_request_id})",
-                relay_request_id=request_id,
-                upstream_id=rewrite.upstream_id,
-                client_id=rewrite.client_id,
+                **ids,
             )
         self.log.info(
             "Rewrote upstream id {upstream_id} to {client_id} ({relay_request_id})",
-            relay_request_id=request_id,
-            upstream_id=rewrite.upstream_id,
-            client_id=rewrite.client_id,
             block_type=rewrite.block_type,
             suspected_double_emission=rewrite.suspected_double_emission,
+            **ids,
         )
 
 
@@ -627,6 +628,16 @@ class _Outcome:
     status: int | None = None
     stream: bool = False
     error: str | None = None
+
+
+_LOGGED_ID_CHARS = 200
+
+
+def _loggable(tool_id: str) -> str:
+    """An id fit for a log line: ids come from clients and models, and may be huge."""
+    if len(tool_id) <= _LOGGED_ID_CHARS:
+        return tool_id
+    return "%s...(%d chars)" % (tool_id[:_LOGGED_ID_CHARS], len(tool_id))
 
 
 def _method_and_path(request) -> tuple[str, str]:

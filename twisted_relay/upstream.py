@@ -15,12 +15,14 @@ from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLo
 from twisted.logger import Logger
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
 from twisted.web.client import ResponseDone, _HTTP11ClientFactory
+from twisted.web._newclient import HTTP11ClientProtocol
 from twisted.web.http import PotentialDataLoss
 from twisted.internet.protocol import Protocol
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IResponse
 from zope.interface import implementer
 
+from twisted_relay.chunked import CoalescingChunkedDecoder
 from twisted_relay.errors import RelayError
 
 __all__ = [
@@ -219,10 +221,51 @@ def read_body(
     return d
 
 
+_TRANSFER_DECODERS = {b"chunked": CoalescingChunkedDecoder}
+
+
+class _RelayClientProtocol(HTTP11ClientProtocol):
+    """
+    Twisted's HTTP/1.1 client connection, reading chunked bodies with the
+    :class:`~twisted_relay.chunked.CoalescingChunkedDecoder`: one callback
+    per read, not one per chunk.
+    """
+
+    def request(self, request):
+        d = super().request(request)
+        parser = self._parser
+        if parser is not None:
+            # The parser picks its decoder once the headers are in, which is
+            # never before this call returns: no response byte has been read.
+            parser._transferDecoders = _TRANSFER_DECODERS
+        return d
+
+
 class _QuietClientFactory(_HTTP11ClientFactory):
-    """The pool's connection factory, without a log line per connection."""
+    """The pool's connection factory: no log line per connection, coalesced bodies."""
 
     noisy = False
+
+    def buildProtocol(self, addr):
+        return _RelayClientProtocol(self._quiescentCallback)
+
+
+class _RelayConnectionPool(HTTPConnectionPool):
+    """
+    A persistent pool that never keeps a connection already being closed.
+
+    When a client leaves in the reactor turn in which its upstream body
+    ends, the relay closes that connection while Twisted's HTTP client,
+    seeing a finished response, hands it back to the pool: the next
+    request would be written on a closing socket and cut.
+    """
+
+    _factory = _QuietClientFactory
+
+    def _putConnection(self, key, connection):
+        if connection.transport is None or connection.transport.disconnecting:
+            return
+        super()._putConnection(key, connection)
 
 
 @implementer(IBodyProducer)
@@ -277,13 +320,12 @@ class UpstreamClient:
         self._reactor = reactor
         self.base_url = base_url
         self.response_timeout = response_timeout
-        self._pool = HTTPConnectionPool(reactor, persistent=True)
+        self._pool = _RelayConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = max_connections
         # An idle upstream connection is kept for a while, but not for
         # as long as a typical load balancer keeps it (often 60 s):
         # reusing a connection the far end has already closed costs a retry.
         self._pool.cachedConnectionTimeout = 50
-        self._pool._factory = _QuietClientFactory
         # The bare Agent, not treq's HTTPClient: a relay must not keep a
         # cookie jar shared by all its clients, nor decode gzip it never
         # asked for; and every wrapper is work on each request.

@@ -1,0 +1,162 @@
+"""
+Tests for the coalescing chunked decoder: it decodes what Twisted's own
+decoder decodes, refuses what it refuses, and calls back once per read.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.http import _ChunkedTransferDecoder, _DataLoss, _MalformedChunkedDataError
+
+from twisted_relay.chunked import CoalescingChunkedDecoder
+
+_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+def _run(decoder_class, reads):
+    """
+    Feed ``reads`` to a decoder; return (calls, finished rest or None,
+    error class or None, whether noMoreData passes).
+    """
+    calls = []
+    finished = []
+    decoder = decoder_class(calls.append, finished.append)
+    error = None
+    for read in reads:
+        if finished:
+            break
+        try:
+            decoder.dataReceived(read)
+        except (_MalformedChunkedDataError, RuntimeError) as e:
+            error = type(e)
+            break
+    try:
+        decoder.noMoreData()
+        complete = True
+    except _DataLoss:
+        complete = False
+    return calls, (finished[0] if finished else None), error, complete
+
+
+def _encode(pieces, trailers=(), extension=b""):
+    wire = b"".join(b"%x%s\r\n%s\r\n" % (len(p), extension, p) for p in pieces if p)
+    return wire + b"0\r\n" + b"".join(t + b"\r\n" for t in trailers) + b"\r\n"
+
+
+def _split(wire: bytes, cuts) -> list[bytes]:
+    points = sorted({c % (len(wire) + 1) for c in cuts})
+    reads, last = [], 0
+    for p in points:
+        reads.append(wire[last:p])
+        last = p
+    reads.append(wire[last:])
+    return [r for r in reads if r]
+
+
+class NamedCases(SynchronousTestCase):
+    """Hand-picked bodies, including every error Twisted's decoder raises."""
+
+    def test_one_callback_per_read(self):
+        """A read holding many chunks reaches the callback as one string."""
+        wire = _encode([b"event: a\n\n", b"event: b\n\n", b"event: c\n\n"])
+        calls, rest, error, complete = _run(CoalescingChunkedDecoder, [wire + b"NEXT"])
+        self.assertEqual(calls, [b"event: a\n\nevent: b\n\nevent: c\n\n"])
+        self.assertEqual(rest, b"NEXT")
+        self.assertIsNone(error)
+        self.assertTrue(complete)
+
+    def test_chunk_across_reads(self):
+        """A chunk split over reads is passed on as it arrives, byte for byte."""
+        wire = _encode([b"0123456789"])
+        calls, rest, _, complete = _run(CoalescingChunkedDecoder, [wire[:6], wire[6:9], wire[9:]])
+        self.assertEqual(b"".join(calls), b"0123456789")
+        self.assertEqual(calls, [b"012", b"345", b"6789"])
+        self.assertEqual(rest, b"")
+        self.assertTrue(complete)
+
+    def test_extensions_and_trailers(self):
+        """Chunk extensions and trailer fields are read and dropped."""
+        wire = _encode([b"abc", b"de"], trailers=[b"x-checksum: 1"], extension=b";name=value")
+        calls, rest, error, complete = _run(CoalescingChunkedDecoder, [wire])
+        self.assertEqual((b"".join(calls), rest, error, complete), (b"abcde", b"", None, True))
+
+    def test_truncated_is_data_loss(self):
+        """A body cut anywhere before its last chunk is not complete."""
+        wire = _encode([b"abc", b"defgh"])
+        for cut in range(len(wire) - 1):
+            calls, rest, error, complete = _run(CoalescingChunkedDecoder, [wire[:cut]])
+            self.assertIsNone(rest)
+            self.assertFalse(complete, cut)
+
+    def test_malformed(self):
+        """Each malformation Twisted refuses is refused."""
+        cases = [
+            b"0x3\r\nabc\r\n0\r\n\r\n",  # a prefix
+            b"+3\r\nabc\r\n0\r\n\r\n",  # a sign
+            b" 3\r\nabc\r\n0\r\n\r\n",  # white space
+            b"\r\nabc\r\n0\r\n\r\n",  # no size
+            b"3\r\nabcXY0\r\n\r\n",  # no CRLF after the data
+            b"3\r\nabc\rX",  # half a CRLF
+            b"3;\x00\r\nabc\r\n0\r\n\r\n",  # a control character in an extension
+            b"1" * 1100,  # an endless size line
+            b"0\r\n" + b"x: " + b"y" * 70000,  # endless trailers
+        ]
+        for wire in cases:
+            for decoder_class in (CoalescingChunkedDecoder, _ChunkedTransferDecoder):
+                _, rest, error, _ = _run(decoder_class, [wire])
+                self.assertIs(error, _MalformedChunkedDataError, (decoder_class, wire))
+                self.assertIsNone(rest)
+
+    def test_data_after_finish(self):
+        """Bytes given after the body finished are a caller's bug, as in Twisted."""
+        decoder = CoalescingChunkedDecoder(lambda data: None, lambda rest: None)
+        decoder.dataReceived(b"0\r\n\r\n")
+        self.assertRaises(RuntimeError, decoder.dataReceived, b"1")
+
+
+_body_pieces = st.lists(st.binary(min_size=0, max_size=300), max_size=12)
+_cuts = st.lists(st.integers(min_value=0, max_value=10_000), max_size=12)
+
+
+class AgreesWithTwisted(SynchronousTestCase):
+    """Generated bodies, split anywhere: the same result as Twisted's decoder."""
+
+    @settings(max_examples=400, **_SETTINGS)
+    @given(
+        pieces=_body_pieces,
+        trailers=st.lists(st.sampled_from([b"a: b", b"x-y: 1 2", b"k:"]), max_size=3),
+        extension=st.sampled_from([b"", b";a=b", b';q="x y"']),
+        tail=st.binary(max_size=20),
+        cuts=_cuts,
+    )
+    def test_valid_bodies(self, pieces, trailers, extension, tail, cuts):
+        reads = _split(_encode(pieces, trailers, extension) + tail, cuts)
+        ours = _run(CoalescingChunkedDecoder, reads)
+        theirs = _run(_ChunkedTransferDecoder, reads)
+        self.assertEqual(b"".join(ours[0]), b"".join(pieces))
+        self.assertEqual(b"".join(ours[0]), b"".join(theirs[0]))
+        self.assertEqual(ours[1:], theirs[1:])
+        # The bytes after the body that came in the read that finished it.
+        self.assertTrue(tail.startswith(ours[1]))
+        # Never more callbacks than reads.
+        self.assertLessEqual(len(ours[0]), len(reads))
+
+    @settings(max_examples=600, **_SETTINGS)
+    @given(
+        pieces=_body_pieces,
+        position=st.integers(min_value=0, max_value=5000),
+        junk=st.binary(min_size=1, max_size=4),
+        cuts=_cuts,
+    )
+    def test_damaged_bodies(self, pieces, position, junk, cuts):
+        """A body with bytes replaced anywhere: the same data, end and error as Twisted."""
+        wire = bytearray(_encode(pieces))
+        at = position % len(wire)
+        wire[at : at + len(junk)] = junk
+        reads = _split(bytes(wire), cuts)
+        ours = _run(CoalescingChunkedDecoder, reads)
+        theirs = _run(_ChunkedTransferDecoder, reads)
+        self.assertEqual(ours[1:], theirs[1:])
+        self.assertEqual(b"".join(ours[0]), b"".join(theirs[0]))

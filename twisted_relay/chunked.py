@@ -1,0 +1,167 @@
+# -*- test-case-name: tests.test_chunked -*-
+"""
+A chunked transfer decoder that hands on everything one read completes in
+one callback.
+
+Twisted's own decoder calls its data callback once per HTTP chunk. An
+upstream that flushes every SSE event as a chunk of its own (most do) then
+turns one 64 KiB read into hundreds of callbacks, and the relay into
+hundreds of writes. This decoder parses the same grammar (RFC 9112 7.1) just
+as strictly, but joins the data of every chunk a read holds into a single
+callback, so the SSE gate sees a read, not an event, at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from twisted.web.http import (
+    _chunkExtChars,
+    _DataLoss,
+    _MalformedChunkedDataError,
+    maxChunkSizeLineLength,
+)
+
+__all__ = ["CoalescingChunkedDecoder"]
+
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+_MAX_TRAILER_BYTES = 2**16
+
+_SIZE, _DATA, _CRLF, _TRAILER, _FINISHED = "CHUNK_LENGTH", "BODY", "CRLF", "TRAILER", "FINISHED"
+
+
+class CoalescingChunkedDecoder:
+    """
+    Decode a ``chunked`` body; a drop-in for Twisted's ``_ChunkedTransferDecoder``.
+
+    :param dataCallback: called with the body bytes that one
+        :meth:`dataReceived` completes, once per call at most.
+    :param finishCallback: called once, after the last chunk and the
+        trailers, with the bytes that followed the body.
+
+    Malformed input raises Twisted's ``_MalformedChunkedDataError``; a body
+    that ends before its last chunk makes :meth:`noMoreData` raise
+    ``_DataLoss``, as Twisted's decoder does.
+    """
+
+    def __init__(
+        self,
+        dataCallback: Callable[[bytes], None],
+        finishCallback: Callable[[bytes], None],
+    ) -> None:
+        self.dataCallback = dataCallback
+        self.finishCallback = finishCallback
+        self.state = _SIZE
+        self._left = 0  # bytes of the current chunk still to come
+        self._held = b""  # an incomplete size line, CRLF or trailer line
+        self._trailer_bytes = 0
+
+    def dataReceived(self, data: bytes) -> None:
+        """Decode received bytes; pass on their body data in one call."""
+        if self.state is _FINISHED:
+            raise RuntimeError("CoalescingChunkedDecoder.dataReceived called after the last chunk")
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        out: list = []
+        try:
+            rest = self._decode(data, out)
+        finally:
+            # Data before a malformation is passed on before the error, as in Twisted.
+            self._deliver(out)
+        if rest is not None:
+            self.finishCallback(rest)
+
+    def _decode(self, data: bytes, out: list) -> bytes | None:
+        """
+        Append the body data of ``data`` to ``out``; return the bytes after
+        the body once it is finished, else ``None``.
+        """
+        view = None
+        pos = 0
+        n = len(data)
+        state = self.state
+        while pos < n:
+            if state is _DATA:
+                end = pos + self._left
+                if end > n:
+                    end = n
+                if pos == 0 and end == n:
+                    out.append(data)
+                else:
+                    if view is None:
+                        view = memoryview(data)
+                    out.append(view[pos:end])
+                self._left -= end - pos
+                pos = end
+                if self._left:
+                    break
+                state = _CRLF
+            elif state is _CRLF:
+                if data[pos] != 13 or (pos + 1 < n and data[pos + 1] != 10):
+                    raise _MalformedChunkedDataError("Chunk did not end with CRLF")
+                if pos + 1 == n:
+                    self._held = data[pos:]
+                    break
+                pos += 2
+                state = _SIZE
+            elif state is _SIZE:
+                eol = data.find(b"\r\n", pos, pos + maxChunkSizeLineLength + 2)
+                if eol < 0 or eol - pos >= maxChunkSizeLineLength:
+                    if eol >= 0 or n - pos > maxChunkSizeLineLength:
+                        raise _MalformedChunkedDataError(
+                            "Chunk size line exceeds maximum of %d bytes." % (maxChunkSizeLineLength,)
+                        )
+                    self._held = data[pos:]
+                    break
+                size = _chunk_size(data[pos:eol])
+                pos = eol + 2
+                if size:
+                    self._left = size
+                    state = _DATA
+                else:
+                    state = _TRAILER
+            else:  # _TRAILER
+                eol = data.find(b"\r\n", pos)
+                if eol < 0:
+                    if self._trailer_bytes + (n - pos) + 2 > _MAX_TRAILER_BYTES:
+                        raise _MalformedChunkedDataError("Trailer headers data is too long.")
+                    self._held = data[pos:]
+                    break
+                if eol == pos:
+                    self.state = _FINISHED
+                    return data[eol + 2 :]
+                # A trailer field: read and dropped, as Twisted's client does.
+                self._trailer_bytes += eol + 2 - pos
+                if self._trailer_bytes > _MAX_TRAILER_BYTES:
+                    raise _MalformedChunkedDataError("Trailer headers data is too long.")
+                pos = eol + 2
+        self.state = state
+        return None
+
+    def _deliver(self, out: list) -> None:
+        if not out:
+            return
+        if len(out) == 1:
+            chunk = out[0]
+            self.dataCallback(chunk if type(chunk) is bytes else chunk.tobytes())
+        else:
+            self.dataCallback(b"".join(out))
+
+    def noMoreData(self) -> None:
+        """Raise ``_DataLoss`` unless the last chunk has been read."""
+        if self.state is not _FINISHED:
+            raise _DataLoss(
+                "Chunked decoder in %r state, still expecting more data to get to "
+                "'FINISHED' state." % (self.state,)
+            )
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size on a chunk size line: strict hex digits, extensions checked and ignored."""
+    size, semicolon, extension = line.partition(b";")
+    if not size or size.translate(None, _HEX_DIGITS):
+        raise _MalformedChunkedDataError("Chunk-size must be an integer.")
+    if semicolon and extension.translate(None, _chunkExtChars):
+        raise _MalformedChunkedDataError("Invalid characters in chunk extensions: %r." % (extension,))
+    return int(size, 16)
