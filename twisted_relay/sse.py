@@ -60,8 +60,6 @@ _MESSAGE_START = b"message_start"
 _ERROR = b"error"
 _MESSAGE_STOP = b"message_stop"
 _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
-# A run of events holding none of these bytes has no event the gate must see.
-_GATED_NAMES = re.compile(rb"_start|error|" + _MESSAGE_STOP)
 
 
 class EventTooLarge(ValueError):
@@ -532,13 +530,16 @@ class SSEGate(Protocol):
         cr = framer._cr
         out_start = start = framer._start
         if not cr and start < len(buf) and buf[start] != 10:
-            # The common case, without a step per event: when no complete
-            # event can be one the gate reads, all of them leave as they are.
+            # The common case, without a step per event: when the complete
+            # events hold none of the names the gate reads ("_start" stands
+            # for message_start and content_block_start), they leave as they are.
             last = buf.rfind(b"\n\n", start) + 2
             if (
                 last > 1
                 and last - start <= framer.max_event_bytes
-                and _GATED_NAMES.search(buf, start, last) is None
+                and buf.find(b"_start", start, last) < 0
+                and buf.find(b"error", start, last) < 0
+                and buf.find(_MESSAGE_STOP, start, last) < 0
                 and buf.find(b"\n\n\n", start, last) < 0
             ):
                 # Without "\r" and blank-line events, every event here ends
