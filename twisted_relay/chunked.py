@@ -26,6 +26,10 @@ __all__ = ["CoalescingChunkedDecoder"]
 
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 _MAX_TRAILER_BYTES = 2**16
+# Size lines already read and checked, and their sizes: a stream's events
+# come in few distinct lengths. Shared by every decoder, and bounded.
+_SIZES: dict[bytes, int] = {}
+_MAX_SIZES_KEPT = 4096
 
 _SIZE, _DATA, _CRLF, _TRAILER, _FINISHED = "CHUNK_LENGTH", "BODY", "CRLF", "TRAILER", "FINISHED"
 
@@ -114,13 +118,28 @@ class CoalescingChunkedDecoder:
                         )
                     self._held = data[pos:]
                     break
-                size = _chunk_size(data[pos:eol])
+                line = data[pos:eol]
+                size = _SIZES.get(line)
+                if size is None:
+                    size = _chunk_size(line)
+                    if len(_SIZES) < _MAX_SIZES_KEPT:
+                        _SIZES[line] = size
                 pos = eol + 2
-                if size:
+                if not size:
+                    state = _TRAILER
+                    continue
+                end = pos + size
+                if end + 2 > n:
                     self._left = size
                     state = _DATA
-                else:
-                    state = _TRAILER
+                    continue
+                # The whole chunk is here: take it and its CRLF in one step.
+                if view is None:
+                    view = memoryview(data)
+                out.append(view[pos:end])
+                if data[end] != 13 or data[end + 1] != 10:
+                    raise _MalformedChunkedDataError("Chunk did not end with CRLF")
+                pos = end + 2
             else:  # _TRAILER
                 eol = data.find(b"\r\n", pos)
                 if eol < 0:

@@ -60,6 +60,8 @@ _MESSAGE_START = b"message_start"
 _ERROR = b"error"
 _MESSAGE_STOP = b"message_stop"
 _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
+# Bytes that every event the gate must see holds in its name.
+_GATED_NAME_PARTS = (b"_start", _ERROR, _MESSAGE_STOP)
 
 
 class EventTooLarge(ValueError):
@@ -362,7 +364,6 @@ class SSEGate(Protocol):
         ``CancelledError`` when the client went away (:meth:`stopProducing`)
         or ``done`` was cancelled. Nothing is written after it has fired.
     :ivar message_stop_seen: whether ``message_stop`` has gone through.
-    :ivar events_received: complete upstream events.
     :ivar events_rewritten: events whose ids were rewritten.
     :ivar bytes_received: upstream body bytes.
     :ivar bytes_written: bytes written to the client, pings included.
@@ -402,7 +403,6 @@ class SSEGate(Protocol):
         self._ping_call: IDelayedCall | None = None
         self.message_stop_seen = False
         self.error_event_seen = False
-        self.events_received = 0
         self.events_rewritten = 0
         self.bytes_received = 0
         self.bytes_written = 0
@@ -529,26 +529,25 @@ class SSEGate(Protocol):
         next_end = framer._next_end
         cr = framer._cr
         out_start = start = framer._start
-        if not cr and start < len(buf) and buf[start] != 10:
-            # The common case, without a step per event: when the complete
-            # events hold none of the names the gate reads ("_start" stands
-            # for message_start and content_block_start), they leave as they are.
+        if not cr and start < len(buf):
+            # The common case, without a step per event: complete events
+            # that hold none of the names the gate reads ("_start" stands for
+            # message_start and content_block_start) leave as they are, up to
+            # the event holding the first such name. Without "\r", every
+            # "\n\n" ends an event.
             last = buf.rfind(b"\n\n", start) + 2
-            if (
-                last > 1
-                and last - start <= framer.max_event_bytes
-                and buf.find(b"_start", start, last) < 0
-                and buf.find(b"error", start, last) < 0
-                and buf.find(_MESSAGE_STOP, start, last) < 0
-                and buf.find(b"\n\n\n", start, last) < 0
-            ):
-                # Without "\r" and blank-line events, every event here ends
-                # with the one "\n\n" that ends its last line.
-                self.events_received += buf.count(b"\n\n", start, last)
-                framer._start = framer._line = framer._seen = start = last
+            if last > 1 and last - start <= framer.max_event_bytes:
+                hit = last
+                for name in _GATED_NAME_PARTS:
+                    at = buf.find(name, start, hit)
+                    if at >= 0:
+                        hit = at
+                if hit < last:
+                    last = buf.rfind(b"\n\n", start, hit) + 2
+                if last > 1:
+                    framer._start = framer._line = framer._seen = start = last
         pieces = None
         too_large = None
-        count = 0
         while not self._paused:
             try:
                 end = next_end()
@@ -557,7 +556,6 @@ class SSEGate(Protocol):
                 break
             if end < 0:
                 break
-            count += 1
             name = _event_name_at(buf, start, end, cr)
             if name in _PARSED:
                 replacement = self._decide(name, _copy(buf, start, end))
@@ -570,7 +568,6 @@ class SSEGate(Protocol):
             elif name == _MESSAGE_STOP:
                 self.message_stop_seen = True
             start = end
-        self.events_received += count
         stop = framer._start
         if pieces is None:
             out = _copy(buf, out_start, stop)
