@@ -181,3 +181,38 @@ class CoalescedBodyTests(TestCase):
             self.assertLess(len(collector.calls), 20)
         # The second request reused the first one's connection.
         self.assertEqual(factory.connections, 1)
+
+
+class UpstreamEndpointTests(SynchronousTestCase):
+    """The pool's endpoints: one per upstream host, no resolver for IP addresses."""
+
+    def endpoint(self, url: bytes):
+        from twisted.internet.testing import MemoryReactorClock
+        from twisted.web.client import URI
+
+        from twisted_relay.upstream import _UpstreamEndpoints
+
+        factory = getattr(self, "factory", None)
+        if factory is None:
+            factory = self.factory = _UpstreamEndpoints(MemoryReactorClock(), 5.0)
+        return factory.endpointForURI(URI.fromBytes(url))
+
+    def test_one_endpoint_per_host(self):
+        first = self.endpoint(b"http://127.0.0.1:8081/v1/messages")
+        self.assertIs(self.endpoint(b"http://127.0.0.1:8081/v1/models?x=1"), first)
+        self.assertIsNot(self.endpoint(b"http://127.0.0.1:8082/v1/messages"), first)
+
+    def test_kinds(self):
+        from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
+
+        self.assertIsInstance(self.endpoint(b"http://127.0.0.1:1/"), TCP4ClientEndpoint)
+        self.assertIsInstance(self.endpoint(b"http://[::1]:1/"), TCP6ClientEndpoint)
+        self.assertIsInstance(self.endpoint(b"http://localhost:1/"), HostnameEndpoint)
+        tls = self.endpoint(b"https://api.anthropic.com/v1/messages")
+        self.assertNotIsInstance(tls, (HostnameEndpoint, TCP4ClientEndpoint))
+        self.assertIs(self.endpoint(b"https://api.anthropic.com/v1/models"), tls)
+
+    def test_unsupported_scheme(self):
+        from twisted.web.error import SchemeNotSupported
+
+        self.assertRaises(SchemeNotSupported, self.endpoint, b"ftp://127.0.0.1:1/")

@@ -13,6 +13,7 @@ Anthropic-shaped; errors the upstream raises pass through untouched.
 from __future__ import annotations
 
 import hmac
+import itertools
 import os
 import time
 from dataclasses import dataclass
@@ -67,8 +68,14 @@ _RETRYABLE_KINDS = frozenset({"connect", "dropped"})
 _CLIENT_GONE = 499
 
 
+# A request id is a random per-process prefix and a counter: unique across
+# processes and restarts, without a system call per request.
+_REQUEST_ID_PREFIX = "rly_" + os.urandom(6).hex()
+_request_numbers = itertools.count(1)
+
+
 def _new_request_id() -> str:
-    return "rly_" + os.urandom(12).hex()
+    return "%s%012x" % (_REQUEST_ID_PREFIX, next(_request_numbers))
 
 
 _dumps = dumps

@@ -10,16 +10,30 @@ from __future__ import annotations
 from typing import Iterable
 from urllib.parse import urlsplit
 
+from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.endpoints import (
+    HostnameEndpoint,
+    TCP4ClientEndpoint,
+    TCP6ClientEndpoint,
+    wrapClientTLS,
+)
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError, TimeoutError
-from twisted.logger import Logger
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseNeverReceived
-from twisted.web.client import ResponseDone, _HTTP11ClientFactory
-from twisted.web._newclient import HTTP11ClientProtocol
-from twisted.web.http import PotentialDataLoss
 from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.web._newclient import HTTP11ClientProtocol
+from twisted.web.client import (
+    Agent,
+    BrowserLikePolicyForHTTPS,
+    HTTPConnectionPool,
+    ResponseDone,
+    ResponseNeverReceived,
+    _HTTP11ClientFactory,
+)
+from twisted.web.error import SchemeNotSupported
+from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IResponse
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
 from twisted_relay.chunked import CoalescingChunkedDecoder
@@ -268,6 +282,48 @@ class _RelayConnectionPool(HTTPConnectionPool):
         super()._putConnection(key, connection)
 
 
+@implementer(IAgentEndpointFactory)
+class _UpstreamEndpoints:
+    """
+    The endpoint of each upstream host, made once and reused.
+
+    Twisted's ``Agent`` makes a new endpoint per request. An upstream given
+    by an IP address is reached with a plain TCP endpoint: ``HostnameEndpoint``
+    would resolve even ``127.0.0.1`` in the reactor's thread pool, where a
+    burst of new connections queues.
+    """
+
+    def __init__(self, reactor, connect_timeout: float):
+        self._reactor = reactor
+        self._timeout = connect_timeout
+        self._policy = BrowserLikePolicyForHTTPS()
+        self._made: dict[tuple[bytes, bytes, int], object] = {}
+
+    def endpointForURI(self, uri):
+        key = (uri.scheme, uri.host, uri.port)
+        endpoint = self._made.get(key)
+        if endpoint is None:
+            endpoint = self._made[key] = self._make(*key)
+        return endpoint
+
+    def _make(self, scheme: bytes, host: bytes, port: int):
+        try:
+            name = host.decode("ascii")
+        except UnicodeDecodeError:
+            raise ValueError("The upstream host %r is not ASCII." % (host,))
+        if isIPAddress(name):
+            endpoint = TCP4ClientEndpoint(self._reactor, name, port, timeout=self._timeout)
+        elif isIPv6Address(name):
+            endpoint = TCP6ClientEndpoint(self._reactor, name, port, timeout=self._timeout)
+        else:
+            endpoint = HostnameEndpoint(self._reactor, name, port, timeout=self._timeout)
+        if scheme == b"http":
+            return endpoint
+        if scheme == b"https":
+            return wrapClientTLS(self._policy.creatorForNetloc(host, port), endpoint)
+        raise SchemeNotSupported("Unsupported scheme: %r" % (scheme,))
+
+
 @implementer(IBodyProducer)
 class _BytesProducer:
     """
@@ -330,7 +386,9 @@ class UpstreamClient:
         # cookie jar shared by all its clients, nor decode gzip it never
         # asked for; and every wrapper is work on each request.
         if agent is None:
-            agent = Agent(reactor, connectTimeout=connect_timeout, pool=self._pool)
+            agent = Agent.usingEndpointFactory(
+                reactor, _UpstreamEndpoints(reactor, connect_timeout), pool=self._pool
+            )
         self._agent = agent
 
     @property
