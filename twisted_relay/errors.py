@@ -8,7 +8,7 @@ the client exactly as the upstream sent them.
 
 from __future__ import annotations
 
-import ujson
+from twisted_relay._json import dumps
 
 __all__ = [
     "ERROR_TYPES",
@@ -47,21 +47,15 @@ def error_body(error_type: str, message: str, request_id: str | None = None) -> 
     body = {"type": "error", "error": {"type": error_type, "message": message}}
     if request_id is not None:
         body["request_id"] = request_id
-    return ujson.dumps(body, ensure_ascii=False, escape_forward_slashes=False).encode(
-        "utf-8"
-    )
+    return dumps(body)
 
 
 def sse_error_event(error_type: str, message: str) -> bytes:
     """
     Serialise an SSE ``error`` event, for failures after a stream has started.
     """
-    data = ujson.dumps(
-        {"type": "error", "error": {"type": error_type, "message": message}},
-        ensure_ascii=False,
-        escape_forward_slashes=False,
-    )
-    return b"event: error\ndata: " + data.encode("utf-8") + b"\n\n"
+    data = dumps({"type": "error", "error": {"type": error_type, "message": message}})
+    return b"event: error\ndata: " + data + b"\n\n"
 
 
 class RelayError(Exception):
