@@ -151,9 +151,9 @@ class RelayApp:
 
     @app.route("/health", methods=["GET"])
     def health(self, request):
-        """Say that the relay process is up (it does not ask the upstream)."""
+        """Say that the relay process (which one: ``pid``) is up; it does not ask the upstream."""
         request.setHeader(b"content-type", _JSON)
-        return _dumps({"status": "ok", "version": __version__})
+        return _dumps({"status": "ok", "version": __version__, "pid": os.getpid()})
 
     @app.route("/ready", methods=["GET"])
     def ready(self, request):
@@ -331,11 +331,11 @@ class RelayApp:
             status = outcome.status or request.code
             self.metrics.requests.labels(route, str(status)).inc()
             self.log.info(
-                "{method} {path} {status} {duration_ms:.1f}ms ({relay_request_id})",
+                "{method} {path} {status} {duration_ms}ms ({relay_request_id})",
                 method=request.method.decode("ascii", "replace"),
                 path=request.path.decode("utf-8", "replace"),
                 status=status,
-                duration_ms=(self._reactor.seconds() - started) * 1000.0,
+                duration_ms=round((self._reactor.seconds() - started) * 1000.0, 1),
                 relay_request_id=request_id,
                 stream=outcome.stream,
                 error=outcome.error,

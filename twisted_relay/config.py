@@ -67,6 +67,9 @@ class RelayConfig:
     :ivar simulate: run the embedded simulated upstream in this mode
         (``strict``, ``stateful`` or ``lenient``) and relay to it.
     :ivar simulate_options: keyword arguments for the simulated upstream.
+    :ivar workers: relay processes serving the ``tcp:`` listen addresses
+        together (``SO_REUSEPORT``), this one included; each has its own
+        pool, limits and metrics. 1 runs the relay in this process only.
     """
 
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
@@ -94,6 +97,7 @@ class RelayConfig:
     metrics: bool = True
     simulate: str | None = None
     simulate_options: dict = field(default_factory=dict)
+    workers: int = 1
 
     def with_changes(self, **changes) -> "RelayConfig":
         """A copy of this configuration with some settings changed."""

@@ -24,6 +24,10 @@ from twisted_relay.dumps import DumpWriter
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient, display_url
+from twisted_relay.workers import ReusePortListener, WorkerProcesses
+
+# The services a relay stops before draining its requests in flight.
+_STOPPED_FIRST = (StreamServerEndpointService, ReusePortListener, WorkerProcesses)
 
 __all__ = ["Relay", "RelaySite", "make_service"]
 
@@ -96,7 +100,9 @@ class _RelayService(MultiService):
     def stopService(self):
         Service.stopService(self)
         children = list(self)
-        listeners = [s for s in children if isinstance(s, StreamServerEndpointService)]
+        # First stop accepting, here and in the other workers (which drain
+        # their own requests meanwhile).
+        listeners = [s for s in children if isinstance(s, _STOPPED_FIRST)]
         rest = [s for s in reversed(children) if s not in listeners]
 
         def stop_all(services):
@@ -125,10 +131,13 @@ class Relay:
     :ivar dumps: the dump writer service, or ``None``.
     :ivar app: the Klein application.
     :ivar service: a ``MultiService`` owning every part's life; it also
-        listens on ``config.listen`` when that is not empty.
+        listens on ``config.listen`` when that is not empty, and runs the
+        other worker processes when ``config.workers`` is above 1.
+    :param worker: build one of those other workers (it shares the listening
+        ports and starts no workers itself).
     """
 
-    def __init__(self, config: RelayConfig, reactor=None):
+    def __init__(self, config: RelayConfig, reactor=None, *, worker: bool = False):
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
@@ -170,12 +179,18 @@ class Relay:
             max_body=config.max_body,
             request_read_timeout=config.request_read_timeout or None,
         )
+        shared = []
         for description in config.listen:
-            endpoint = endpoints.serverFromString(reactor, description)
-            listener = StreamServerEndpointService(endpoint, site)
-            # A port already in use stops twistd with a clear error at start.
-            listener._raiseSynchronously = True
+            if worker or config.workers > 1:
+                listener = ReusePortListener(reactor, description, site)
+                shared.append(listener)
+            else:
+                listener = StreamServerEndpointService(endpoints.serverFromString(reactor, description), site)
+                # A port already in use stops twistd with a clear error at start.
+                listener._raiseSynchronously = True
             listener.setServiceParent(self.service)
+        if config.workers > 1 and not worker:
+            WorkerProcesses(reactor, config, shared, lambda: self.client.base_url).setServiceParent(self.service)
 
     def resource(self):
         """The relay's web resource, for mounting in another ``Site``."""

@@ -6,6 +6,7 @@ The ``twistd relay`` command: its options and the service it makes.
 from __future__ import annotations
 
 import os
+import socket
 from urllib.parse import urlsplit
 
 from twisted.python import usage
@@ -121,6 +122,13 @@ class Options(usage.Options):
         ["retry-statuses", None, "429,500,502,503,504,529", "Upstream statuses worth a retry."],
         ["max-retry-wait", None, "60", "Longest retry-after the relay waits out before passing it on."],
         ["shutdown-grace", None, "30", "Seconds requests in flight may go on after the relay is told to stop."],
+        [
+            "workers",
+            None,
+            "1",
+            "Relay processes sharing the tcp: listen addresses (SO_REUSEPORT), this one included: "
+            "one per core uses every core.",
+        ],
         ["simulate-seed", None, "1", "Seed of the simulated upstream."],
         ["simulate-reuse-every", None, "3", "The simulated model reuses an id every N tool calls (0: never)."],
         ["simulate-event-delay", None, "0", "Seconds between the simulated upstream's stream events."],
@@ -154,6 +162,20 @@ class Options(usage.Options):
                 serverFromString(reactor, description)
             except (ValueError, TypeError, KeyError) as e:
                 raise usage.UsageError("--listen %r is not a valid endpoint: %s" % (description, e))
+
+        workers = _whole("workers", self["workers"])
+        if workers < 1:
+            raise usage.UsageError("--workers must be 1 or more, not %r." % (self["workers"],))
+        if workers > 1:
+            from twisted_relay.workers import shareable
+
+            if not hasattr(socket, "SO_REUSEPORT"):
+                raise usage.UsageError("--workers needs SO_REUSEPORT, which this system lacks.")
+            for description in listen:
+                if not shareable(reactor, description):
+                    raise usage.UsageError(
+                        "--workers shares tcp: and tcp6: endpoints only, not --listen %r." % (description,)
+                    )
 
         upstream = self["upstream"].rstrip("/")
         parts = urlsplit(upstream)
@@ -224,6 +246,7 @@ class Options(usage.Options):
             shutdown_grace=_positive("shutdown-grace", self["shutdown-grace"], allow_zero=True),
             metrics=not self["no-metrics"],
             simulate=simulate,
+            workers=workers,
             simulate_options={
                 "seed": seed,
                 "reuse_every": reuse_every,

@@ -1,0 +1,191 @@
+"""
+Tests for worker processes: shared listening ports, the workers' life
+(started, restarted, stopped with the first process) and their configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Factory, Protocol
+from twisted.python import usage
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from twisted_relay.config import RelayConfig
+from twisted_relay.tap import Options
+from twisted_relay.workers import config_from_json, config_to_json, listen_reuseport
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie has ended)."""
+    try:
+        with open("/proc/%d/status" % (pid,)) as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+class _Count(Protocol):
+    def connectionMade(self):
+        self.factory.accepted.append(self.factory.name)
+        self.transport.loseConnection()
+
+
+class ReusePortTests(TestCase):
+    """Two listeners on one port, as two workers have."""
+
+    async def test_both_listeners_accept(self):
+        ports = []
+        accepted = []
+        first = None
+        for name in ("a", "b"):
+            factory = Factory.forProtocol(_Count)
+            factory.name, factory.accepted = name, accepted
+            port = listen_reuseport(
+                reactor, "tcp:%d:interface=127.0.0.1" % (first or 0,), factory
+            )
+            first = first or port.getHost().port
+            ports.append(port)
+            self.addCleanup(port.stopListening)
+        self.assertEqual(ports[1].getHost().port, first)
+        for _ in range(60):
+            with socket.create_connection(("127.0.0.1", first)):
+                pass
+        while len(accepted) < 60:
+            d = Deferred()
+            reactor.callLater(0.01, d.callback, None)
+            await d
+        # The kernel spreads connections over both: 60 to one alone is 2**-59.
+        self.assertEqual(set(accepted), {"a", "b"})
+
+    def test_only_tcp(self):
+        self.assertRaises(ValueError, listen_reuseport, reactor, "unix:/tmp/relay-test.sock", Factory())
+
+
+class WorkerConfigTests(SynchronousTestCase):
+    def test_round_trip(self):
+        """A worker gets the whole configuration, tuples and all."""
+        config = RelayConfig(
+            listen=("tcp:1:interface=127.0.0.1", "tcp6:2:interface=\\:\\:1"),
+            relay_keys=("k1", "k2"),
+            retry_statuses=(429, 529),
+            simulate="strict",
+            simulate_options={"seed": 3},
+            workers=4,
+            dump_dir=None,
+        )
+        self.assertEqual(config_from_json(config_to_json(config)), config)
+
+    def test_options(self):
+        options = Options()
+        options.parseOptions(["--workers", "3"])
+        self.assertEqual(options.config.workers, 3)
+        for bad in (["--workers", "0"], ["--workers", "x"], ["--workers", "2", "--listen", "unix:/tmp/r.sock"]):
+            self.assertRaises(usage.UsageError, Options().parseOptions, bad)
+
+
+class WorkerProcessTests(SynchronousTestCase):
+    """
+    ``twistd -n relay --workers 2`` on a real socket: two processes answer on
+    one port, a worker that dies is started again, and stopping the first
+    process stops every worker.
+    """
+
+    def setUp(self):
+        self.port = _free_port()
+        folder = self.mktemp()
+        os.makedirs(folder)
+        self.log_path = os.path.join(folder, "relay.log")
+        self.log = open(self.log_path, "wb")
+        self.addCleanup(self.log.close)
+        self.relay = subprocess.Popen(
+            [
+                sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+                "-n", "--pidfile=", "relay",
+                "--simulate", "strict", "--workers", "2", "--no-dumps",
+                "--listen", "tcp:%d:interface=127.0.0.1" % (self.port,),
+            ],
+            cwd=folder,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.addCleanup(self._stop)
+
+    def _stop(self):
+        if self.relay.poll() is None:
+            self.relay.kill()
+            self.relay.wait()
+
+    def _health(self) -> dict:
+        with urllib.request.urlopen("http://127.0.0.1:%d/health" % (self.port,), timeout=5) as response:
+            return json.loads(response.read())
+
+    def _pids(self, want: int, seconds: float = 20.0) -> set[int]:
+        """The pids answering /health, over fresh connections, until ``want`` are seen."""
+        seen: set[int] = set()
+        deadline = time.monotonic() + seconds
+        while len(seen) < want and time.monotonic() < deadline:
+            try:
+                seen.add(self._health()["pid"])
+            except OSError:
+                time.sleep(0.05)
+        return seen
+
+    def test_workers_share_serve_restart_and_stop(self):
+        pids = self._pids(2)
+        self.assertEqual(len(pids), 2, open(self.log_path, "rb").read().decode(errors="replace")[-2000:])
+        self.assertIn(self.relay.pid, pids)
+        (worker,) = pids - {self.relay.pid}
+
+        # A whole Messages request through whichever process answers.
+        body = json.dumps(
+            {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+        ).encode()
+        for _ in range(10):
+            request = urllib.request.Request(
+                "http://127.0.0.1:%d/v1/messages" % (self.port,),
+                data=body,
+                headers={"content-type": "application/json", "anthropic-version": "2023-06-01"},
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                self.assertEqual(response.status, 200)
+                self.assertEqual(json.loads(response.read())["type"], "message")
+
+        # A worker that dies is started again.
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = self._pids(2)
+        self.assertEqual(len(pids), 2)
+        (new_worker,) = pids - {self.relay.pid}
+        self.assertNotEqual(new_worker, worker)
+
+        # Stopping the first process stops its workers.
+        self.relay.send_signal(signal.SIGTERM)
+        # twistd ends by the signal it was stopped with, once shut down cleanly.
+        self.assertIn(self.relay.wait(timeout=30), (0, -signal.SIGTERM))
+        deadline = time.monotonic() + 10
+        while _alive(new_worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(_alive(new_worker))
+        log = open(self.log_path, "rb").read()
+        # Worker log events reach the first process's log, tagged.
+        self.assertIn(b"[worker-1]", log)
+        self.assertIn(b"POST /v1/messages 200", log)
+        self.assertIn(b"Server Shut Down.", log)

@@ -1,0 +1,319 @@
+# -*- test-case-name: tests.test_workers -*-
+"""
+Worker processes: one relay process per core, on the same listening ports.
+
+One Twisted process uses one core. With ``workers`` above 1 the relay
+listens with ``SO_REUSEPORT`` and starts ``workers - 1`` more processes
+(``python -m twisted_relay.workers``) that listen on the same TCP ports;
+the kernel spreads new connections over all of them. Each worker is a whole
+relay with its own connection pool, limits and metrics, relaying to the
+same upstream and writing dumps to the same folder.
+
+The first process supervises the others: a worker that dies is started
+again (after a growing delay if it keeps dying), every worker's log events
+reach the first process's log with a ``relay_worker`` field, and stopping
+the first process stops them all, each draining its requests in flight.
+A worker whose first process dies stops too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint, serverFromString
+from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.protocol import ProcessProtocol, Protocol
+from twisted.logger import Logger, eventAsJSON, eventFromJSON
+
+from twisted_relay.config import RelayConfig
+
+__all__ = ["ReusePortListener", "WorkerProcesses", "listen_reuseport", "shareable", "main"]
+
+# The environment variable that carries a worker's configuration.
+_CONFIG_VARIABLE = "TWISTED_RELAY_WORKER_CONFIG"
+# A worker that dies sooner than this after its start waits longer each time.
+_STABLE_SECONDS = 10.0
+_FIRST_RESTART_DELAY = 1.0
+_MAX_RESTART_DELAY = 60.0
+
+
+def shareable(reactor, description: str) -> bool:
+    """Whether a ``--listen`` endpoint can be shared by workers (``tcp:`` or ``tcp6:``)."""
+    return isinstance(serverFromString(reactor, description), (TCP4ServerEndpoint, TCP6ServerEndpoint))
+
+
+def listen_reuseport(reactor, description: str, factory):
+    """
+    Listen on a ``tcp:`` or ``tcp6:`` endpoint with ``SO_REUSEPORT``, so that
+    other processes may listen on the same port; return the listening port.
+
+    :raises ValueError: for any other kind of endpoint.
+    :raises OSError: when the address cannot be bound.
+    """
+    endpoint = serverFromString(reactor, description)
+    if isinstance(endpoint, TCP6ServerEndpoint):
+        family = socket.AF_INET6
+    elif isinstance(endpoint, TCP4ServerEndpoint):
+        family = socket.AF_INET
+    else:
+        raise ValueError("Workers share tcp: and tcp6: endpoints only, not %r." % (description,))
+    # The endpoint's parsed parts: Twisted keeps them as attributes.
+    port, interface, backlog = endpoint._port, endpoint._interface, endpoint._backlog
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((interface or ("::" if family == socket.AF_INET6 else ""), port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+        return reactor.adoptStreamPort(sock.fileno(), family, factory)
+    finally:
+        # The reactor holds its own copy of the descriptor.
+        sock.close()
+
+
+def _description(listener: "ReusePortListener") -> str:
+    """A ``tcp:``/``tcp6:`` endpoint string for the address a listener is bound to."""
+    address = listener.port.getHost()
+    backlog = serverFromString(listener._reactor, listener.description)._backlog
+    if address.type == "TCP6":
+        return "tcp6:%d:interface=%s:backlog=%d" % (address.port, address.host.replace(":", "\\:"), backlog)
+    return "tcp:%d:interface=%s:backlog=%d" % (address.port, address.host, backlog)
+
+
+class ReusePortListener(Service):
+    """
+    Serves a site on a ``tcp:``/``tcp6:`` endpoint that other worker
+    processes share; binds when started, and fails the start at once when
+    the address is taken.
+    """
+
+    def __init__(self, reactor, description: str, factory):
+        self._reactor = reactor
+        self.description = description
+        self._factory = factory
+        self.port = None
+
+    def startService(self):
+        Service.startService(self)
+        self.port = listen_reuseport(self._reactor, self.description, self._factory)
+
+    def stopService(self):
+        Service.stopService(self)
+        if self.port is not None:
+            port, self.port = self.port, None
+            return port.stopListening()
+        return None
+
+
+def config_to_json(config: RelayConfig) -> str:
+    """A configuration as JSON, for a worker's environment."""
+    return json.dumps(dataclasses.asdict(config))
+
+
+def config_from_json(text: str) -> RelayConfig:
+    """The configuration :func:`config_to_json` wrote."""
+    values = json.loads(text)
+    return RelayConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+class _WorkerProtocol(ProcessProtocol):
+    """One worker's pipes: JSON log events on its stdout, plain text on its stderr."""
+
+    def __init__(self, monitor: "WorkerProcesses", name: str):
+        self._monitor = monitor
+        self.name = name
+        self._pending = {1: b"", 2: b""}
+
+    def childDataReceived(self, fd: int, data: bytes) -> None:
+        if fd not in self._pending:
+            return
+        lines = (self._pending[fd] + data).split(b"\n")
+        self._pending[fd] = lines.pop()
+        for line in lines:
+            self._monitor._worker_said(self.name, fd, line)
+
+    def processEnded(self, reason) -> None:
+        for fd, rest in self._pending.items():
+            if rest:
+                self._monitor._worker_said(self.name, fd, rest)
+        self._monitor._worker_ended(self.name, reason)
+
+
+class WorkerProcesses(Service):
+    """
+    Starts, watches and stops the relay's other worker processes.
+
+    :param reactor: the reactor, for processes and timers.
+    :param config: the relay's configuration; each worker gets a copy that
+        listens on the addresses the first process bound (``listeners``).
+    :param listeners: the first process's :class:`ReusePortListener` services,
+        started before this one.
+    :param upstream: a callable giving the upstream's base URL once this
+        service starts (the embedded simulated upstream's port is known late).
+    """
+
+    log = Logger()
+
+    def __init__(self, reactor, config: RelayConfig, listeners, upstream):
+        self._reactor = reactor
+        self._config = config
+        self._listeners = listeners
+        self._upstream = upstream
+        self._processes: dict[str, object] = {}
+        self._started_at: dict[str, float] = {}
+        self._delays: dict[str, float] = {}
+        self._restarts: dict[str, object] = {}
+        self._kills: dict[str, object] = {}
+        self._all_ended: Deferred | None = None
+        self._env: dict[str, str] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """The workers this service runs."""
+        return ["worker-%d" % (i,) for i in range(1, self._config.workers)]
+
+    def startService(self):
+        Service.startService(self)
+        config = self._config.with_changes(
+            listen=tuple(_description(listener) for listener in self._listeners),
+            upstream=self._upstream(),
+            simulate=None,
+            workers=1,
+        )
+        env = dict(os.environ)
+        env[_CONFIG_VARIABLE] = config_to_json(config)
+        self._env = env
+        for name in self.names:
+            self._delays[name] = _FIRST_RESTART_DELAY
+            self._start(name)
+
+    def _start(self, name: str) -> None:
+        self._restarts.pop(name, None)
+        if not self.running:
+            return
+        protocol = _WorkerProtocol(self, name)
+        self._started_at[name] = self._reactor.seconds()
+        self._processes[name] = self._reactor.spawnProcess(
+            protocol,
+            sys.executable,
+            [sys.executable, "-m", "twisted_relay.workers", name],
+            env=self._env,
+            path=os.getcwd(),
+            childFDs={0: "w", 1: "r", 2: "r"},
+        )
+        self.log.info("Started relay {relay_worker} (pid {pid})", relay_worker=name, pid=self._processes[name].pid)
+
+    def _worker_said(self, name: str, fd: int, line: bytes) -> None:
+        line = line.strip(b"\x1e\r")
+        if not line.strip():
+            return
+        if fd == 1:
+            try:
+                event = eventFromJSON(line.decode("utf-8"))
+            except ValueError:
+                event = None
+            if isinstance(event, dict):
+                event["relay_worker"] = name
+                event["log_system"] = name
+                self.log.observer(event)
+                return
+        self.log.warn(
+            "{relay_worker}: {line}", relay_worker=name, line=line.decode("utf-8", "replace")
+        )
+
+    def _worker_ended(self, name: str, reason) -> None:
+        self._processes.pop(name, None)
+        kill = self._kills.pop(name, None)
+        if kill is not None and kill.active():
+            kill.cancel()
+        if not self.running:
+            if not self._processes and self._all_ended is not None and not self._all_ended.called:
+                self._all_ended.callback(None)
+            return
+        lived = self._reactor.seconds() - self._started_at.get(name, 0.0)
+        if lived >= _STABLE_SECONDS:
+            self._delays[name] = _FIRST_RESTART_DELAY
+        delay = self._delays[name]
+        self._delays[name] = min(delay * 2, _MAX_RESTART_DELAY)
+        self.log.warn(
+            "Relay {relay_worker} ended ({why}) after {lived:.1f}s; starting it again in {delay:g}s",
+            relay_worker=name,
+            why=reason.getErrorMessage(),
+            lived=lived,
+            delay=delay,
+        )
+        self._restarts[name] = self._reactor.callLater(delay, self._start, name)
+
+    def stopService(self):
+        """Stop every worker (each drains its requests); fire when all have ended."""
+        Service.stopService(self)
+        for call in self._restarts.values():
+            if call.active():
+                call.cancel()
+        self._restarts.clear()
+        if not self._processes:
+            return succeed(None)
+        self._all_ended = Deferred()
+        # A worker gets the same grace for its requests as this process, and
+        # a little more to close; then it is killed.
+        kill_after = self._config.shutdown_grace + 5.0
+        for name, process in list(self._processes.items()):
+            try:
+                process.signalProcess("TERM")
+            except ProcessExitedAlready:
+                continue
+            self._kills[name] = self._reactor.callLater(kill_after, _kill, process)
+        return self._all_ended
+
+
+def _kill(process) -> None:
+    try:
+        process.signalProcess("KILL")
+    except ProcessExitedAlready:
+        pass
+
+
+class _FirstProcessWatch(Protocol):
+    """Stops a worker when its standard input closes: the first process is gone."""
+
+    def __init__(self, reactor):
+        self._reactor = reactor
+
+    def connectionLost(self, reason=None):
+        if self._reactor.running:
+            self._reactor.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one worker process: ``python -m twisted_relay.workers NAME``."""
+    from twisted.internet import reactor
+    from twisted.internet.stdio import StandardIO
+    from twisted.logger import FileLogObserver, globalLogBeginner
+
+    from twisted_relay.service import Relay
+
+    text = os.environ.pop(_CONFIG_VARIABLE, None)
+    if text is None:
+        sys.stderr.write("twisted_relay.workers is started by the relay itself (--workers).\n")
+        raise SystemExit(2)
+    config = config_from_json(text)
+    out = sys.stdout
+    globalLogBeginner.beginLoggingTo(
+        [FileLogObserver(out, lambda event: eventAsJSON(event) + "\n")], redirectStandardIO=False
+    )
+    relay = Relay(config, reactor, worker=True)
+    relay.service.startService()
+    reactor.addSystemEventTrigger("before", "shutdown", relay.service.stopService)
+    StandardIO(_FirstProcessWatch(reactor), stdin=0, stdout=os.open(os.devnull, os.O_WRONLY))
+    reactor.run()
+
+
+if __name__ == "__main__":
+    main()
