@@ -14,7 +14,8 @@ Scenarios (see ``docs/benchmarks.md``):
 - S5: inbound translation cost against history size, in process; and large
   request bodies (to 32 MiB) end to end.
 
-Targets: direct, nginx, plain ``twisted.web.proxy``, the relay, LiteLLM.
+Targets: direct, nginx, plain ``twisted.web.proxy``, the relay, the relay with
+``--workers 2`` (``relay2``, on request), LiteLLM.
 The kernel places the processes; ``--pin`` gives the targets CPU 1 and the
 fake upstream and the load generator CPU 0 (which then saturates first, at
 about 1,000 paced streams).
@@ -25,6 +26,7 @@ Usage, from the work tree's root::
     python bench/run.py                  # the full run
     python bench/run.py --targets direct,relay --scenarios S1,S3
     python bench/run.py --relay-tree patched=/path/to/tree   # a patched relay too
+    python bench/run.py --targets direct,nginx,plain,relay,relay2,litellm  # relay2: --workers 2
 
 It is not a test and is not run by CI.
 """
@@ -670,6 +672,8 @@ def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: d
         elif name == "relay":
             made.append(_targets.Relay(workdir, upstream, cpus,
                                        profile=os.path.join(workdir, "relay.prof") if profile else None))
+        elif name == "relay2":
+            made.append(_targets.Relay(workdir, upstream, cpus, name="relay2", workers=2))
         elif name == "litellm":
             if os.path.exists(_LITELLM_VENV):
                 made.append(_targets.LiteLLM(workdir, upstream, cpus, binary=_LITELLM_VENV))
@@ -784,7 +788,7 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print("S5 inbound translation (translate_request, policy unique, best of runs):")
         print(format_rows(rows))
-    for relay in [n for n in shown if n == "relay" or n in trees]:
+    for relay in [n for n in shown if n in ("relay", "relay2") or n in trees]:
         print()
         print("targets for %s:" % (relay,))
         print(format_rows(verdicts(results, relay)))

@@ -292,12 +292,15 @@ class Relay(Target):
     description = "twistd -n relay --no-dumps --ping-interval 0"
 
     def __init__(self, workdir, upstream, cpus=None, *, tree: str | None = None, name: str | None = None,
-                 profile: str | None = None):
+                 profile: str | None = None, workers: int = 1):
         super().__init__(workdir, upstream, cpus)
         self.tree = tree or REPO_ROOT
         if name:
             self.name = name
         self.profile = profile
+        self.workers = workers
+        if workers > 1:
+            self.description = "%s --workers %d" % (Relay.description, workers)
 
     def _launch(self) -> None:
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
@@ -313,6 +316,7 @@ class Relay(Target):
             "--upstream", "http://127.0.0.1:%d" % (self.upstream.port,),
             "--no-dumps",
             "--ping-interval", "0",
+            "--workers", str(self.workers),
         ]
         if self.profile:
             argv = [sys.executable, "-m", "cProfile", "-o", self.profile] + argv
@@ -320,6 +324,8 @@ class Relay(Target):
         self._spawn(argv, env={"PYTHONPATH": pythonpath}, cwd=self.tree)
 
     def pids(self) -> list[int]:
+        if self.workers > 1:
+            return super().pids()
         return [self.pid] if self.pid else []
 
 
