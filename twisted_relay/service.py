@@ -189,7 +189,7 @@ class Relay:
                 # A port already in use stops twistd with a clear error at start.
                 listener._raiseSynchronously = True
             listener.setServiceParent(self.service)
-        if config.workers > 1 and not worker:
+        if config.workers > 1 and not worker and shared:
             WorkerProcesses(reactor, config, shared, lambda: self.client.base_url).setServiceParent(self.service)
 
     def resource(self):
