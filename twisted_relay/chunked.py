@@ -26,8 +26,8 @@ __all__ = ["CoalescingChunkedDecoder"]
 
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 _MAX_TRAILER_BYTES = 2**16
-# Size lines already read and checked, and their sizes: a stream's events
-# come in few distinct lengths. Shared by every decoder, and bounded.
+# Short size lines already read and checked, and their sizes: a stream's
+# events come in few distinct lengths. Shared by every decoder, and bounded.
 _SIZES: dict[bytes, int] = {}
 _MAX_SIZES_KEPT = 4096
 
@@ -122,7 +122,7 @@ class CoalescingChunkedDecoder:
                 size = _SIZES.get(line)
                 if size is None:
                     size = _chunk_size(line)
-                    if len(_SIZES) < _MAX_SIZES_KEPT:
+                    if len(line) <= 8 and len(_SIZES) < _MAX_SIZES_KEPT:
                         _SIZES[line] = size
                 pos = eol + 2
                 if not size:
