@@ -359,7 +359,7 @@ class UnreachableUpstreamTests(FaultTestCase):
         self.upstream.script(Hang(headers=True))
         before, _ = await self.stream_error_of(await self.stream(), "timeout_error")
         self.assertEqual(before, b"")
-        self.assertEqual(self.upstream.received[0].outcome, "lost")
+        await wait_for(lambda: self.upstream.received[0].outcome == "lost", timeout=1)
         await self.assert_clean()
 
     async def test_headers_then_silence_in_a_json_answer(self):
@@ -505,7 +505,7 @@ class StreamFaultTests(FaultTestCase):
         before, _ = await self.stream_error_of(await self.stream(), "timeout_error")
         self.assertLess(reactor.seconds() - started, 2)
         self.assertEqual(before, b"".join(sse_events()[:3]))
-        self.assertEqual(self.upstream.received[0].outcome, "lost")
+        await wait_for(lambda: self.upstream.received[0].outcome == "lost", timeout=1)
         await self.assert_clean()
 
     async def test_slow_trickle(self):

@@ -245,6 +245,53 @@ class FlowControlTests(NetworkTestMixin, TestCase):
         self.assertEqual(raw.count(b"event: content_block_delta"), producer.produced // len(DELTA) + 1)
 
 
+class _BigAnswer(Resource):
+    """An upstream whose JSON answer is large."""
+
+    isLeaf = True
+
+    def __init__(self, body: bytes):
+        super().__init__()
+        self.body = body
+
+    def render(self, request):
+        request.setHeader(b"content-type", b"application/json")
+        return self.body
+
+
+class LargeWriteTests(NetworkTestMixin, TestCase):
+    """
+    The relay sends what it can at once and buffers the rest: an answer far
+    larger than the socket buffers reaches a client that stops reading for
+    a while byte for byte.
+    """
+
+    async def test_large_answer_to_a_pausing_client(self):
+        text = "".join(chr(0x41 + i % 26) for i in range(12 * 1024 * 1024))
+        answer = ujson.dumps(
+            {"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+             "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
+        ).encode()
+        relay_url = self.start_relay(self.serve(_BigAnswer(answer)))
+        port = int(relay_url.rsplit(":", 1)[1])
+        body = encode(messages_body(tools=False))
+        request = (
+            b"POST /v1/messages HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % (len(body),)
+        ) + body
+        client = RawClient(request)
+        reactor.connectTCP("127.0.0.1", port, ClientFactory.forProtocol(lambda: client))
+        await wait_for(lambda: len(client.received) > 0)
+        client.transport.pauseProducing()
+        await deferLater(reactor, 0.3, lambda: None)
+        client.transport.resumeProducing()
+        raw = await client.done
+        head, _, received_body = raw.partition(b"\r\n\r\n")
+        self.assertIn(b"Content-Length: %d" % (len(answer),), head)
+        self.assertEqual(received_body, answer)
+
+
 class UnreachableUpstreamTests(NetworkTestMixin, TestCase):
     """
     An upstream that cannot be reached gets the client a clear 502.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 
+from twisted.internet import tcp
 from twisted.web.http import HTTPChannel
 from twisted.web.server import Request, Site
 
@@ -61,6 +62,14 @@ class _RelayChannel(HTTPChannel):
 
     def connectionMade(self):
         super().connectionMade()
+        # Each event must leave at once: no Nagle delay behind a previous
+        # small write (the headers, the last event) still unacknowledged.
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if no_delay is not None:
+            try:
+                no_delay(True)
+            except OSError:
+                pass
         # A connection that sends nothing at all is as slow as one that
         # trickles: the first request must arrive in time too.
         self._start_read_deadline()
@@ -87,6 +96,52 @@ class _RelayChannel(HTTPChannel):
             if self._read_deadline.active():
                 self._read_deadline.cancel()
             self._read_deadline = None
+
+    # Writes: Twisted buffers every write and sends it once the reactor says
+    # the socket is writable, two epoll_ctl calls and a reactor turn per
+    # write. A relayed stream writes once per upstream read, so when nothing
+    # is buffered the channel sends at once, as asyncio does, and leaves only
+    # what the socket did not take to the transport.
+
+    def write(self, data):
+        if not self._send_now((data,)):
+            self.transport.write(data)
+
+    def writeSequence(self, iovec):
+        if not self._send_now(iovec):
+            self.transport.writeSequence(iovec)
+
+    def _send_now(self, iovec) -> bool:
+        """
+        Send on a plain TCP connection with nothing buffered, the pieces in
+        one ``sendmsg`` (no join); whether ``iovec`` was taken.
+        """
+        transport = self.transport
+        if (
+            type(transport) is not tcp.Server
+            or not transport.connected
+            or transport.disconnecting
+            or transport._writeDisconnected
+            or transport._tempDataLen
+            or transport.offset != len(transport.dataBuffer)
+        ):
+            return False
+        if type(iovec) not in (list, tuple) or len(iovec) > 64:
+            iovec = [b"".join(iovec)]
+        total = sum(map(len, iovec))
+        if not total:
+            return True
+        try:
+            sent = transport.socket.sendmsg(iovec)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            # Twisted's own write meets the error again and closes the connection.
+            transport.writeSequence(iovec)
+            return True
+        if sent < total:
+            transport.write(b"".join(iovec)[sent:])
+        return True
 
     def _too_slow(self) -> None:
         self._read_deadline = None
