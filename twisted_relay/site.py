@@ -140,7 +140,12 @@ class _RelayChannel(HTTPChannel):
             transport.writeSequence(iovec)
             return True
         if sent < total:
-            transport.write(b"".join(iovec)[sent:])
+            # Leave the rest to the transport, copying only the piece cut in two.
+            for i, piece in enumerate(iovec):
+                if sent < len(piece):
+                    transport.writeSequence([piece[sent:], *iovec[i + 1 :]])
+                    break
+                sent -= len(piece)
         return True
 
     def _too_slow(self) -> None:
