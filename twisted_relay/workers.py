@@ -100,9 +100,16 @@ class ReusePortListener(Service):
         self._factory = factory
         self.port = None
 
+    def privilegedStartService(self):
+        # Bound before twistd drops privileges (--uid), as Twisted's own
+        # listening services are: a port under 1024 works for this process.
+        Service.privilegedStartService(self)
+        self.port = listen_reuseport(self._reactor, self.description, self._factory)
+
     def startService(self):
         Service.startService(self)
-        self.port = listen_reuseport(self._reactor, self.description, self._factory)
+        if self.port is None:
+            self.port = listen_reuseport(self._reactor, self.description, self._factory)
 
     def stopService(self):
         Service.stopService(self)
