@@ -774,6 +774,37 @@ class GateStreamTests(SynchronousTestCase):
         self.assertEqual(sink.writes[1], rewritten + b"".join(events[6:8]))
         self.assertNotIn(b'"id":"' + TOOLU.encode() + b'"', sink.value())
 
+    def test_gated_events_found_among_lookalike_text(self):
+        """
+        Text deltas that mention the gate's event names (as code does) pass
+        through untouched, and the events that carry those names are still
+        read in the same chunk, however their ``event`` line is spelt.
+        """
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        lookalike = (
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+            b'"delta":{"type":"text_delta","text":"on error call _start(); message_stop error\\n"}}\n\n'
+        )
+        no_space = events[5].replace(b"event: content_block_start", b"event:content_block_start")
+        self.assertNotEqual(no_space, events[5])
+        stop = b'event:message_stop\ndata: {"type":"message_stop"}\n\n'
+        chunk = b"".join(events[:5]) + lookalike * 20 + no_space + lookalike * 20 + stop
+        errors = []
+        gate, sink, _, _ = _gate(translate_request(TOOL_HISTORY).response(), on_error_event=errors.append)
+        gate.dataReceived(chunk)
+        expected_start = _rewritten(no_space, {TOOLU: TOOLU + "-2"})
+        self.assertEqual(
+            sink.writes,
+            [b"".join(events[:5]) + lookalike * 20 + expected_start + lookalike * 20 + stop],
+        )
+        self.assertTrue(gate.message_stop_seen)
+        gate, sink, _, _ = _gate(None, on_error_event=errors.append)
+        error = b'event:error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"x"}}\n\n'
+        gate.dataReceived(lookalike * 20 + error)
+        self.assertEqual(sink.value(), lookalike * 20 + error)
+        self.assertTrue(gate.error_event_seen)
+        self.assertEqual(errors, [{"type": "error", "error": {"type": "overloaded_error", "message": "x"}}])
+
     def test_clean_chunk_is_written_as_received(self):
         """
         When nothing is rewritten, a chunk of whole events is written as the

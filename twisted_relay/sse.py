@@ -60,8 +60,11 @@ _MESSAGE_START = b"message_start"
 _ERROR = b"error"
 _MESSAGE_STOP = b"message_stop"
 _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
-# Bytes that every event the gate must see holds in its name.
-_GATED_NAME_PARTS = (b"_start", _ERROR, _MESSAGE_STOP)
+# Bytes that every event the gate must see holds: the end of its ``event``
+# line, which (with no "\r" in the stream) is the name and a "\n". Data lines
+# hold JSON, where a "\n" never follows these words: text deltas full of
+# code that mentions "error" or "_start" still take the fast path.
+_GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n")
 
 
 class EventTooLarge(ValueError):
@@ -531,14 +534,14 @@ class SSEGate(Protocol):
         out_start = start = framer._start
         if not cr and start < len(buf):
             # The common case, without a step per event: complete events
-            # that hold none of the names the gate reads ("_start" stands for
-            # message_start and content_block_start) leave as they are, up to
-            # the event holding the first such name. Without "\r", every
-            # "\n\n" ends an event.
+            # whose event lines end in none of the names the gate reads
+            # ("_start" stands for message_start and content_block_start)
+            # leave as they are, up to the event holding the first such line
+            # end. Without "\r", every "\n\n" ends an event.
             last = buf.rfind(b"\n\n", start) + 2
             if last > 1 and last - start <= framer.max_event_bytes:
                 hit = last
-                for name in _GATED_NAME_PARTS:
+                for name in _GATED_NAME_ENDS:
                     at = buf.find(name, start, hit)
                     if at >= 0:
                         hit = at
