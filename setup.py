@@ -35,7 +35,8 @@ setup(
     include_package_data=True,
     zip_safe=False,
     install_requires=[
-        "twisted>=24.3",
+        # [tls]: pyOpenSSL and service_identity, for https upstreams (the default).
+        "twisted[tls]>=24.3",
         "treq>=23.11",
         "klein>=23.5",
         "ujson>=5.8",

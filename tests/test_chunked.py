@@ -109,6 +109,17 @@ class NamedCases(SynchronousTestCase):
                 self.assertIs(error, _MalformedChunkedDataError, (decoder_class, wire))
                 self.assertIsNone(rest)
 
+    def test_trailer_limit_as_twisted(self):
+        """Trailers of exactly the limit pass, one byte more fails, wherever the read is cut."""
+        for extra, error in ((0, None), (1, _MalformedChunkedDataError)):
+            line = b"x: " + b"y" * (2**16 - 2 - 3 + extra)
+            wire = b"0\r\n" + line + b"\r\n\r\n"
+            cut = 3 + len(line) + 1  # just after the trailer's CR
+            for decoder_class in (CoalescingChunkedDecoder, _ChunkedTransferDecoder):
+                _, rest, got, complete = _run(decoder_class, [wire[:cut], wire[cut:]])
+                self.assertIs(got, error, (decoder_class, extra))
+                self.assertEqual(complete, error is None)
+
     def test_data_after_finish(self):
         """Bytes given after the body finished are a caller's bug, as in Twisted."""
         decoder = CoalescingChunkedDecoder(lambda data: None, lambda rest: None)

@@ -216,3 +216,38 @@ class UpstreamEndpointTests(SynchronousTestCase):
         from twisted.web.error import SchemeNotSupported
 
         self.assertRaises(SchemeNotSupported, self.endpoint, b"ftp://127.0.0.1:1/")
+
+
+class PoolTests(SynchronousTestCase):
+    """The relay's pool keeps no connection that is closing, over TCP or TLS."""
+
+    def test_closing_connection_not_kept(self):
+        from twisted.internet.ssl import optionsForClientTLS
+        from twisted.internet.testing import MemoryReactorClock, StringTransport
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+        from twisted.web._newclient import HTTP11ClientProtocol
+
+        from twisted_relay.upstream import _RelayConnectionPool
+
+        pool = _RelayConnectionPool(MemoryReactorClock(), persistent=True)
+        for tls in (False, True):
+            for closing in (False, True):
+                connection = HTTP11ClientProtocol()
+                tcp = StringTransport()
+                tcp.setTcpNoDelay = lambda enabled: None
+                if tls:
+                    # The connection's transport is the TLS layer over the socket.
+                    factory = TLSMemoryBIOFactory(
+                        optionsForClientTLS("upstream.example"), True, Factory.forProtocol(lambda: connection)
+                    )
+                    factory.buildProtocol(None).makeConnection(tcp)
+                else:
+                    connection.makeConnection(tcp)
+                if closing:
+                    # What stopProducing does when a client leaves mid-stream.
+                    tcp.loseConnection()
+                key = (b"https" if tls else b"http", closing)
+                pool._putConnection(key, connection)
+                kept = pool._connections.get(key, [])
+                self.assertEqual(connection in kept, not closing, (tls, closing))
+        pool.closeCachedConnections()

@@ -189,3 +189,15 @@ class WorkerProcessTests(SynchronousTestCase):
         self.assertIn(b"[worker-1]", log)
         self.assertIn(b"POST /v1/messages 200", log)
         self.assertIn(b"Server Shut Down.", log)
+
+    def test_workers_stop_when_the_first_process_vanishes(self):
+        """A worker whose first process is killed outright stops by itself."""
+        pids = self._pids(2)
+        self.assertEqual(len(pids), 2)
+        (worker,) = pids - {self.relay.pid}
+        self.relay.kill()
+        self.relay.wait()
+        deadline = time.monotonic() + 15
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(_alive(worker))

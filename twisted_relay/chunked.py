@@ -143,7 +143,9 @@ class CoalescingChunkedDecoder:
             else:  # _TRAILER
                 eol = data.find(b"\r\n", pos)
                 if eol < 0:
-                    if self._trailer_bytes + (n - pos) + 2 > _MAX_TRAILER_BYTES:
+                    # What the trailers will hold at least, their CRLF included.
+                    least = self._trailer_bytes + (n - pos) + (1 if data.endswith(b"\r") else 2)
+                    if least > _MAX_TRAILER_BYTES:
                         raise _MalformedChunkedDataError("Trailer headers data is too long.")
                     self._held = data[pos:]
                     break

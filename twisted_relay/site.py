@@ -121,6 +121,7 @@ class _RelayChannel(HTTPChannel):
             type(transport) is not tcp.Server
             or not transport.connected
             or transport.disconnecting
+            or transport._aborting
             or transport._writeDisconnected
             or transport._tempDataLen
             or transport.offset != len(transport.dataBuffer)

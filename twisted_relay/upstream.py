@@ -277,9 +277,24 @@ class _RelayConnectionPool(HTTPConnectionPool):
     _factory = _QuietClientFactory
 
     def _putConnection(self, key, connection):
-        if connection.transport is None or connection.transport.disconnecting:
+        if _closing(connection.transport):
             return
         super()._putConnection(key, connection)
+
+
+def _closing(transport) -> bool:
+    """
+    Whether a connection's transport, or one it wraps, is closing. Over TLS
+    the connection's transport is the TLS layer, which does not hear of a
+    close asked of the TCP transport beneath it (``stopProducing``).
+    """
+    if transport is None:
+        return True
+    while transport is not None:
+        if getattr(transport, "disconnecting", False) or getattr(transport, "_aborting", False):
+            return True
+        transport = getattr(transport, "transport", None)
+    return False
 
 
 @implementer(IAgentEndpointFactory)

@@ -100,16 +100,12 @@ class ReusePortListener(Service):
         self._factory = factory
         self.port = None
 
-    def privilegedStartService(self):
-        # Bound before twistd drops privileges (--uid), as Twisted's own
-        # listening services are: a port under 1024 works for this process.
-        Service.privilegedStartService(self)
-        self.port = listen_reuseport(self._reactor, self.description, self._factory)
-
     def startService(self):
+        # Bound here, after twistd has dropped privileges (--uid), not in
+        # privilegedStartService: Linux shares a port among SO_REUSEPORT
+        # sockets of one user only, and the workers run as that user.
         Service.startService(self)
-        if self.port is None:
-            self.port = listen_reuseport(self._reactor, self.description, self._factory)
+        self.port = listen_reuseport(self._reactor, self.description, self._factory)
 
     def stopService(self):
         Service.stopService(self)
