@@ -251,3 +251,35 @@ class PoolTests(SynchronousTestCase):
                 kept = pool._connections.get(key, [])
                 self.assertEqual(connection in kept, not closing, (tls, closing))
         pool.closeCachedConnections()
+
+
+class UpstreamTLSTests(TestCase):
+    """An https upstream is reached over TLS and its certificate is checked."""
+
+    async def test_unverifiable_certificate(self):
+        """
+        An upstream whose certificate does not verify (self-signed here) is a
+        502 that says so, not retried, instead of "closed the connection".
+        """
+        from twisted.internet import ssl
+        from twisted.web.resource import Resource
+        from twisted.web.server import Site
+
+        from twisted_relay.errors import RelayError
+
+        certificate = ssl.KeyPair.generate(size=2048).selfSignedCert(1, CN="localhost")
+        port = reactor.listenSSL(0, Site(Resource()), certificate.options(), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        client = UpstreamClient(reactor, "https://127.0.0.1:%d" % (port.getHost().port,))
+        self.addCleanup(client.close)
+        try:
+            await client.request(b"POST", "/v1/messages", Headers(), b"{}")
+        except RelayError as e:
+            error = e
+        else:
+            self.fail("an unverifiable upstream was accepted")
+        self.assertEqual((error.status, error.kind), (502, "tls"))
+        self.assertIn("TLS handshake", error.message)
+        self.assertIn("certificate verify failed", error.message)
+        # Twisted logs the verification failure itself.
+        self.flushLoggedErrors()

@@ -27,6 +27,7 @@ from twisted.web.client import (
     BrowserLikePolicyForHTTPS,
     HTTPConnectionPool,
     ResponseDone,
+    ResponseFailed,
     ResponseNeverReceived,
     _HTTP11ClientFactory,
 )
@@ -496,8 +497,32 @@ def _cancelled(failure) -> bool:
     return False
 
 
+def _tls_failure(failure) -> str | None:
+    """What went wrong in a TLS handshake behind ``failure``, in a few words, if that is what failed."""
+    try:
+        from OpenSSL.SSL import Error as TLSError
+    except ImportError:  # pragma: no cover - twisted[tls] is a dependency
+        return None
+    reasons = [failure]
+    if failure.check(ResponseNeverReceived, ResponseFailed):
+        reasons.extend(failure.value.reasons)
+    for reason in reasons:
+        if reason.check(TLSError):
+            details = reason.value.args[0] if reason.value.args else None
+            if isinstance(details, list) and details and isinstance(details[-1], tuple):
+                return str(details[-1][-1])
+            return str(reason.value) or "the handshake failed"
+    return None
+
+
 def _relay_error_for(failure, base_url: str) -> RelayError:
     """Turn a connection-level failure into the error a client sees."""
+    tls = _tls_failure(failure)
+    if tls is not None:
+        # Not retried: a certificate that does not verify will not verify next time.
+        return RelayError(
+            502, "The TLS handshake with the upstream at %s failed: %s." % (base_url, tls), kind="tls"
+        )
     if failure.check(TimeoutError):
         return RelayError(
             504, "Timed out connecting to the upstream at %s." % (base_url,), kind="connect"
