@@ -11,6 +11,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
+from twisted.web.http import _ChunkedTransferDecoder
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 from zope.interface import implementer
@@ -243,6 +244,15 @@ class FlowControlTests(NetworkTestMixin, TestCase):
         self.assertIn(b"event: message_stop", raw[-200:])
         # Every delta the upstream produced arrived (chunked framing aside).
         self.assertEqual(raw.count(b"event: content_block_delta"), producer.produced // len(DELTA) + 1)
+        # Byte for byte, once Twisted's own decoder has removed the framing:
+        # writes cut anywhere by a full socket lose and repeat nothing.
+        head, _, framed = raw.partition(b"\r\n\r\n")
+        self.assertIn(b"Transfer-Encoding: chunked", head)
+        decoded, ended = [], []
+        decoder = _ChunkedTransferDecoder(decoded.append, ended.append)
+        decoder.dataReceived(framed)
+        self.assertEqual(ended, [b""])
+        self.assertEqual(b"".join(decoded), MESSAGE_START + DELTA * (producer.produced // len(DELTA)) + REST)
 
 
 class _BigAnswer(Resource):
