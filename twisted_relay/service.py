@@ -26,8 +26,8 @@ from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient, display_url
 from twisted_relay.workers import ReusePortListener, WorkerProcesses
 
-# The services a relay stops before draining its requests in flight.
-_STOPPED_FIRST = (StreamServerEndpointService, ReusePortListener, WorkerProcesses)
+# The services that accept connections: stopped before anything else.
+_LISTENERS = (StreamServerEndpointService, ReusePortListener)
 
 __all__ = ["Relay", "RelaySite", "make_service"]
 
@@ -100,10 +100,9 @@ class _RelayService(MultiService):
     def stopService(self):
         Service.stopService(self)
         children = list(self)
-        # First stop accepting, here and in the other workers (which drain
-        # their own requests meanwhile).
-        listeners = [s for s in children if isinstance(s, _STOPPED_FIRST)]
-        rest = [s for s in reversed(children) if s not in listeners]
+        listeners = [s for s in children if isinstance(s, _LISTENERS)]
+        workers = [s for s in children if isinstance(s, WorkerProcesses)]
+        rest = [s for s in reversed(children) if s not in listeners and s not in workers]
 
         def stop_all(services):
             return DeferredList(
@@ -117,8 +116,13 @@ class _RelayService(MultiService):
                     d.addCallback(lambda _, service=service: service.stopService())
             return d
 
+        # Stop accepting; tell the other workers to stop, and let them drain
+        # their requests while this process drains its own; then wait for
+        # them before closing what they may still use (the simulated upstream).
         d = stop_all(listeners)
+        workers_ended = stop_all(workers)
         d.addCallback(lambda _: self._app.drain(self._grace))
+        d.addCallback(lambda _: workers_ended)
         d.addCallback(stop_rest)
         return d
 
