@@ -36,7 +36,8 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual(config.upstream_ids, "unique")
         self.assertEqual(config.max_body, 32 * MiB)
         self.assertIsNone(config.simulate)
-        self.assertEqual(config, RelayConfig(simulate_options=config.simulate_options))
+        self.assertTrue(config.gc_tuning)
+        self.assertEqual(config, RelayConfig(simulate_options=config.simulate_options, gc_tuning=True))
 
     def test_every_option(self):
         """
@@ -87,6 +88,12 @@ class OptionsTests(SynchronousTestCase):
         ``--no-dumps`` turns the dump writer off.
         """
         self.assertIsNone(parse("--no-dumps").config.dump_dir)
+
+    def test_no_gc_tuning(self):
+        """
+        ``--no-gc-tuning`` leaves the garbage collector as Python sets it.
+        """
+        self.assertFalse(parse("--no-gc-tuning").config.gc_tuning)
 
     def test_upstream_key_from_environment(self):
         """

@@ -70,6 +70,9 @@ class RelayConfig:
     :ivar workers: relay processes serving the ``tcp:`` listen addresses
         together (``SO_REUSEPORT``), this one included; each has its own
         pool, limits and metrics. 1 runs the relay in this process only.
+    :ivar gc_tuning: tune the process's garbage collector for many open
+        streams while the relay runs (:mod:`twisted_relay.gctuning`); it
+        changes the whole process, so only ``twistd relay`` turns it on.
     """
 
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
@@ -98,6 +101,7 @@ class RelayConfig:
     simulate: str | None = None
     simulate_options: dict = field(default_factory=dict)
     workers: int = 1
+    gc_tuning: bool = False
 
     def with_changes(self, **changes) -> "RelayConfig":
         """A copy of this configuration with some settings changed."""

@@ -21,6 +21,7 @@ from twisted_relay._version import __version__
 from twisted_relay.app import RelayApp
 from twisted_relay.config import RelayConfig
 from twisted_relay.dumps import DumpWriter
+from twisted_relay.gctuning import GarbageCollectorTuning
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient, display_url
@@ -172,6 +173,8 @@ class Relay:
 
         self.service = _RelayService(self.app, config.shutdown_grace)
         _UpstreamPoolService(self.client).setServiceParent(self.service)
+        if config.gc_tuning:
+            GarbageCollectorTuning().setServiceParent(self.service)
         if self.dumps is not None:
             self.dumps.setServiceParent(self.service)
         if config.simulate:

@@ -136,6 +136,12 @@ class Options(usage.Options):
     optFlags = [
         ["no-dumps", None, "Write no diagnostic dumps."],
         ["no-metrics", None, "Serve no Prometheus metrics at /metrics."],
+        [
+            "no-gc-tuning",
+            None,
+            "Leave Python's garbage collector as it is (by default the relay freezes what exists "
+            "at start and runs full collections ten times less often).",
+        ],
     ]
 
     def __init__(self):
@@ -247,6 +253,7 @@ class Options(usage.Options):
             metrics=not self["no-metrics"],
             simulate=simulate,
             workers=workers,
+            gc_tuning=not self["no-gc-tuning"],
             simulate_options={
                 "seed": seed,
                 "reuse_every": reuse_every,
