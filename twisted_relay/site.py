@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import io
 
-from twisted.internet import tcp
 from twisted.web.http import HTTPChannel
 from twisted.web.server import Request, Site
 
 from twisted_relay.errors import RelayError
+from twisted_relay.writethrough import send_now
 
 __all__ = ["RelaySite"]
 
@@ -38,6 +38,17 @@ class _RelayRequest(Request):
         # memory anyway, and max_body bounds it; Twisted's default spools a
         # body over 100 kB to a temporary file, a write and a read of disk.
         self.content = io.BytesIO()
+
+    def write(self, data):
+        channel = self.channel
+        if self.startedWriting or not data or channel is None:
+            return Request.write(self, data)
+        # The first write with a body: the headers leave with it.
+        channel._hold_headers = True
+        try:
+            Request.write(self, data)
+        finally:
+            channel.release_headers()
 
     def handleContentChunk(self, data):
         if self.body_too_large:
@@ -97,57 +108,52 @@ class _RelayChannel(HTTPChannel):
                 self._read_deadline.cancel()
             self._read_deadline = None
 
-    # Writes: Twisted buffers every write and sends it once the reactor says
-    # the socket is writable, two epoll_ctl calls and a reactor turn per
-    # write. A relayed stream writes once per upstream read, so when nothing
-    # is buffered the channel sends at once, as asyncio does, and leaves only
-    # what the socket did not take to the transport.
+    # Writes go out at once when nothing is buffered (writethrough.py). The
+    # status line and headers wait for the first piece of the body when the
+    # request writes one at the same time, so a whole answer leaves in one
+    # send.
+
+    _hold_headers = False
+    _held_headers = None
+
+    def writeHeaders(self, version, code, reason, headers):
+        # As Twisted's HTTPChannel.writeHeaders does, but sent through
+        # writeSequence (or held for the body) instead of the transport's
+        # buffer. Request.write always passes a Headers, sanitised as set.
+        lines = [version, b" ", code, b" ", reason, b"\r\n"]
+        for name, values in headers.getAllRawHeaders():
+            for value in values:
+                lines.extend((name, b": ", value, b"\r\n"))
+        lines.append(b"\r\n")
+        if self._hold_headers:
+            self._held_headers = lines
+        else:
+            self.writeSequence(lines)
+
+    def release_headers(self) -> None:
+        """Send headers still held (the request wrote no body with them)."""
+        self._hold_headers = False
+        held = self._held_headers
+        if held is not None:
+            self._held_headers = None
+            self.writeSequence(held)
 
     def write(self, data):
-        if not self._send_now((data,)):
+        held = self._held_headers
+        if held is not None:
+            self._held_headers = None
+            held.append(data)
+            self.writeSequence(held)
+        elif not send_now(self.transport, (data,)):
             self.transport.write(data)
 
     def writeSequence(self, iovec):
-        if not self._send_now(iovec):
+        held = self._held_headers
+        if held is not None:
+            self._held_headers = None
+            iovec = held + list(iovec)
+        if not send_now(self.transport, iovec):
             self.transport.writeSequence(iovec)
-
-    def _send_now(self, iovec) -> bool:
-        """
-        Send on a plain TCP connection with nothing buffered, the pieces in
-        one ``sendmsg`` (no join); whether ``iovec`` was taken.
-        """
-        transport = self.transport
-        if (
-            type(transport) is not tcp.Server
-            or not transport.connected
-            or transport.disconnecting
-            or transport._aborting
-            or transport._writeDisconnected
-            or transport._tempDataLen
-            or transport.offset != len(transport.dataBuffer)
-        ):
-            return False
-        if type(iovec) not in (list, tuple) or len(iovec) > 64:
-            iovec = [b"".join(iovec)]
-        total = sum(map(len, iovec))
-        if not total:
-            return True
-        try:
-            sent = transport.socket.sendmsg(iovec)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            # Twisted's own write meets the error again and closes the connection.
-            transport.writeSequence(iovec)
-            return True
-        if sent < total:
-            # Leave the rest to the transport, copying only the piece cut in two.
-            for i, piece in enumerate(iovec):
-                if sent < len(piece):
-                    transport.writeSequence([piece[sent:], *iovec[i + 1 :]])
-                    break
-                sent -= len(piece)
-        return True
 
     def _too_slow(self) -> None:
         self._read_deadline = None

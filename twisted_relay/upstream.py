@@ -11,7 +11,7 @@ from typing import Iterable
 from urllib.parse import urlsplit
 
 from twisted.internet.abstract import isIPAddress, isIPv6Address
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.endpoints import (
     HostnameEndpoint,
     TCP4ClientEndpoint,
@@ -21,9 +21,8 @@ from twisted.internet.endpoints import (
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError, TimeoutError
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
-from twisted.web._newclient import HTTP11ClientProtocol
+from twisted.web._newclient import HTTP11ClientProtocol, Request
 from twisted.web.client import (
-    Agent,
     BrowserLikePolicyForHTTPS,
     HTTPConnectionPool,
     ResponseDone,
@@ -39,6 +38,7 @@ from zope.interface import implementer
 
 from twisted_relay.chunked import CoalescingChunkedDecoder
 from twisted_relay.errors import RelayError
+from twisted_relay.writethrough import send_now
 
 __all__ = [
     "HOP_BY_HOP",
@@ -316,7 +316,11 @@ class _UpstreamEndpoints:
         self._made: dict[tuple[bytes, bytes, int], object] = {}
 
     def endpointForURI(self, uri):
-        key = (uri.scheme, uri.host, uri.port)
+        return self.endpoint_for(uri.scheme, uri.host, uri.port)
+
+    def endpoint_for(self, scheme: bytes, host: bytes, port: int):
+        """The endpoint of ``scheme://host:port``, made on first use."""
+        key = (scheme, host, port)
         endpoint = self._made.get(key)
         if endpoint is None:
             endpoint = self._made[key] = self._make(*key)
@@ -367,6 +371,54 @@ class _BytesProducer:
         pass
 
 
+class _UpstreamRequest(Request):
+    """
+    A request whose body is already in memory: request line, headers and
+    body leave in one write (one send when nothing is buffered). Twisted's
+    ``Request`` writes the headers, then hands the body to a producer through
+    a length-checking consumer, with half a dozen Deferreds per request.
+    """
+
+    def __init__(self, method: bytes, uri: bytes, headers: Headers, body: bytes | None, host: bytes):
+        # Twisted's constructor checks the method and the URI for bytes
+        # that would break the request line.
+        super().__init__(method, uri, headers, None, persistent=True)
+        self._body = body
+        self._host = None if headers.hasHeader(b"host") else host
+
+    def writeTo(self, transport):
+        lines = [self.method, b" ", self.uri, b" HTTP/1.1\r\n"]
+        if self._host is not None:
+            lines.extend((b"Host: ", self._host, b"\r\n"))
+        body = self._body
+        if body is not None:
+            lines.append(b"Content-Length: %d\r\n" % (len(body),))
+        elif self.method in (b"POST", b"PUT"):
+            lines.append(b"Content-Length: 0\r\n")
+        for name, values in self.headers.getAllRawHeaders():
+            for value in values:
+                lines.extend((name, b": ", value, b"\r\n"))
+        lines.append(b"\r\n")
+        if body:
+            lines.append(body)
+        if not send_now(transport, lines):
+            transport.writeSequence(lines)
+        return succeed(None)
+
+    def stopWriting(self) -> None:
+        # Never called: writeTo has written everything when it returns.
+        pass
+
+
+def _host_value(scheme: bytes, host: bytes, port: int) -> bytes:
+    """The ``Host`` header for an upstream, as Twisted's ``Agent`` computes it."""
+    if isIPv6Address(host.decode("ascii", "replace")):
+        host = b"[" + host + b"]"
+    if (scheme, port) in ((b"http", 80), (b"https", 443)):
+        return host
+    return b"%b:%d" % (host, port)
+
+
 class UpstreamClient:
     """
     Sends requests to the upstream over one persistent connection pool.
@@ -398,13 +450,12 @@ class UpstreamClient:
         # as long as a typical load balancer keeps it (often 60 s):
         # reusing a connection the far end has already closed costs a retry.
         self._pool.cachedConnectionTimeout = 50
-        # The bare Agent, not treq's HTTPClient: a relay must not keep a
-        # cookie jar shared by all its clients, nor decode gzip it never
-        # asked for; and every wrapper is work on each request.
-        if agent is None:
-            agent = Agent.usingEndpointFactory(
-                reactor, _UpstreamEndpoints(reactor, connect_timeout), pool=self._pool
-            )
+        # Requests go straight to the pool, not through treq's HTTPClient (a
+        # relay must not keep a cookie jar shared by all its clients, nor
+        # decode gzip it never asked for) nor even Twisted's Agent (which
+        # parses the URL and builds an endpoint per request). ``agent``
+        # replaces all that (tests pass one that talks to a resource in memory).
+        self._endpoints = _UpstreamEndpoints(reactor, connect_timeout)
         self._agent = agent
 
     @property
@@ -416,6 +467,23 @@ class UpstreamClient:
     def base_url(self, value: str | None) -> None:
         self._base_url = value.rstrip("/") if value else value
         self.display_url = display_url(self._base_url) if value else value
+        self._route = None
+
+    def _upstream(self) -> tuple:
+        """The pool key, endpoint, ``Host`` value and path prefix of the base URL, worked out once."""
+        route = self._route
+        if route is None:
+            parts = urlsplit(self._base_url)
+            scheme = parts.scheme.encode("ascii")
+            host = (parts.hostname or "").encode("utf-8")
+            port = parts.port or (443 if scheme == b"https" else 80)
+            route = self._route = (
+                (scheme, host, port),
+                self._endpoints.endpoint_for(scheme, host, port),
+                _host_value(scheme, host, port),
+                parts.path,
+            )
+        return route
 
     def url_for(self, path_and_query: str) -> str:
         """The upstream URL for a client's path and query string."""
@@ -442,11 +510,16 @@ class UpstreamClient:
         """
         if timeout is None or timeout > self.response_timeout:
             timeout = self.response_timeout
-        url = self.url_for(path_and_query).encode("utf-8")
         timed_out = []
-        d = self._agent.request(
-            method, url, headers, None if body is None else _BytesProducer(body)
-        )
+        if self._agent is not None:
+            d = self._agent.request(
+                method,
+                self.url_for(path_and_query).encode("utf-8"),
+                headers,
+                None if body is None else _BytesProducer(body),
+            )
+        else:
+            d = self._send(method, path_and_query, headers, body)
 
         def on_timeout() -> None:
             timed_out.append(True)
@@ -470,6 +543,16 @@ class UpstreamClient:
 
         d.addBoth(done)
         d.addErrback(failed)
+        return d
+
+    def _send(self, method: bytes, path_and_query: str, headers: Headers, body: bytes | None) -> Deferred:
+        try:
+            key, endpoint, host, prefix = self._upstream()
+            request = _UpstreamRequest(method, (prefix + path_and_query).encode("utf-8"), headers, body, host)
+        except (ValueError, SchemeNotSupported):
+            return fail()
+        d = self._pool.getConnection(key, endpoint)
+        d.addCallback(lambda connection: connection.request(request))
         return d
 
     def close(self) -> Deferred:
