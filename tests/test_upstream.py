@@ -183,6 +183,105 @@ class CoalescedBodyTests(TestCase):
         self.assertEqual(factory.connections, 1)
 
 
+class _RecordingUpstream(Protocol):
+    """Records the raw bytes of each request; answers each with an empty 200."""
+
+    def connectionMade(self):
+        self._buffer = b""
+
+    def dataReceived(self, data):
+        self._buffer += data
+        while b"\r\n\r\n" in self._buffer:
+            head, rest = self._buffer.split(b"\r\n\r\n", 1)
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.lower() == b"content-length":
+                    length = int(value)
+            if len(rest) < length:
+                return
+            self.factory.requests.append(head + b"\r\n\r\n" + rest[:length])
+            self._buffer = rest[length:]
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+
+class RequestBytesTests(TestCase):
+    """
+    What goes on the wire to the upstream, byte for byte: the request line
+    with the base URL's path, one Host header, the body's length, the headers.
+    """
+
+    def setUp(self):
+        factory = Factory.forProtocol(_RecordingUpstream)
+        factory.requests = []
+        self.requests = factory.requests
+        self.port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(self.port.stopListening)
+
+    async def send(self, base_path, method, path, body, **extra):
+        client = UpstreamClient(reactor, "http://127.0.0.1:%d%s" % (self.port.getHost().port, base_path))
+        self.addCleanup(client.close)
+        response = await client.request(method, path, headers(anthropic_version="2023-06-01", **extra), body)
+        collector = _Collect()
+        response.deliverBody(collector)
+        await collector.done
+        self.assertEqual(b"".join(collector.calls), b"{}")
+        return self.requests[-1]
+
+    async def test_post(self):
+        sent = await self.send("", b"POST", "/v1/messages?beta=true", b'{"a":1}')
+        host = b"127.0.0.1:%d" % (self.port.getHost().port,)
+        self.assertEqual(
+            sent,
+            b"POST /v1/messages?beta=true HTTP/1.1\r\nHost: " + host + b"\r\nContent-Length: 7\r\n"
+            b"Anthropic-Version: 2023-06-01\r\n\r\n{\"a\":1}",
+        )
+
+    async def test_base_path_and_bodiless_requests(self):
+        """
+        A base URL's path prefixes every request; a GET carries no length, a
+        POST without a body says it is empty.
+        """
+        sent = await self.send("/proxy/anthropic", b"GET", "/v1/models", None)
+        self.assertTrue(sent.startswith(b"GET /proxy/anthropic/v1/models HTTP/1.1\r\n"), sent)
+        self.assertNotIn(b"Content-Length", sent)
+        sent = await self.send("/proxy/anthropic", b"POST", "/v1/messages/count_tokens", None)
+        self.assertIn(b"\r\nContent-Length: 0\r\n", sent)
+
+    async def test_host_given_by_the_caller(self):
+        """A Host header given with the request is the only one sent."""
+        sent = await self.send("", b"POST", "/v1/messages", b"{}", host="api.example.test")
+        self.assertEqual(sent.count(b"Host:"), 1)
+        self.assertIn(b"\r\nHost: api.example.test\r\n", sent)
+
+    async def test_large_body(self):
+        """A body larger than the socket takes at once arrives whole, in order."""
+        body = bytes(range(256)) * 40000
+        sent = await self.send("", b"POST", "/v1/messages", body)
+        self.assertTrue(sent.endswith(b"\r\n\r\n" + body))
+
+    def test_bad_request_line(self):
+        """A path that would break the request line fails the request, it is never sent."""
+        client = UpstreamClient(reactor, "http://127.0.0.1:%d" % (self.port.getHost().port,))
+        self.addCleanup(client.close)
+        d = client.request(b"POST", "/v1/messages\r\nX-Injected: 1", Headers(), b"{}")
+        failure = self.failureResultOf(d)
+        self.assertEqual(failure.value.status, 502)
+        self.assertEqual(self.requests, [])
+
+
+class HostValueTests(SynchronousTestCase):
+    """The Host header of an upstream, as Twisted's Agent would send it."""
+
+    def test_values(self):
+        from twisted_relay.upstream import _host_value
+
+        self.assertEqual(_host_value(b"https", b"api.anthropic.com", 443), b"api.anthropic.com")
+        self.assertEqual(_host_value(b"http", b"127.0.0.1", 80), b"127.0.0.1")
+        self.assertEqual(_host_value(b"http", b"127.0.0.1", 8080), b"127.0.0.1:8080")
+        self.assertEqual(_host_value(b"https", b"::1", 8443), b"[::1]:8443")
+
+
 class UpstreamEndpointTests(SynchronousTestCase):
     """The pool's endpoints: one per upstream host, no resolver for IP addresses."""
 

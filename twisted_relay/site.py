@@ -40,8 +40,10 @@ class _RelayRequest(Request):
         self.content = io.BytesIO()
 
     def write(self, data):
-        channel = self.channel
-        if self.startedWriting or not data or channel is None:
+        if self.startedWriting or not data:
+            return Request.write(self, data)
+        channel = getattr(self, "channel", None)
+        if channel is None or self.finished:
             return Request.write(self, data)
         # The first write with a body: the headers leave with it.
         channel._hold_headers = True

@@ -1,0 +1,137 @@
+"""
+Tests for the relay's HTTP server side: how answers are written.
+"""
+
+from twisted.internet.testing import StringTransport
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+
+from twisted_relay.site import RelaySite
+
+
+class _CountingTransport(StringTransport):
+    """A transport in memory that counts the writes it is given."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data):
+        self.writes += 1
+        super().write(data)
+
+    def writeSequence(self, seq):
+        self.writes += 1
+        super().write(b"".join(seq))
+
+
+class _Answer(Resource):
+    isLeaf = True
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def render(self, request):
+        return self.how(request)
+
+
+def serve(how, request=b"GET / HTTP/1.1\r\nHost: relay.test\r\n\r\n"):
+    site = RelaySite(_Answer(how))
+    channel = site.buildProtocol(None)
+    transport = _CountingTransport()
+    channel.makeConnection(transport)
+    channel.dataReceived(request)
+    return transport
+
+
+class AnswerWriteTests(SynchronousTestCase):
+    """
+    A whole answer leaves with its headers in one write; headers written
+    without a body leave at once.
+    """
+
+    def test_whole_answer_one_write(self):
+        def whole(request):
+            request.setHeader(b"content-length", b"5")
+            return b"hello"
+
+        transport = serve(whole)
+        value = transport.value()
+        self.assertTrue(value.startswith(b"HTTP/1.1 200 OK\r\n"), value)
+        self.assertTrue(value.endswith(b"\r\n\r\nhello"), value)
+        self.assertIn(b"\r\nContent-Length: 5\r\n", value)
+        self.assertEqual(transport.writes, 1)
+
+    def test_chunked_answer(self):
+        """Without a length the body is chunked, the headers still leave with the first chunk."""
+        def chunked(request):
+            request.write(b"abc")
+            request.write(b"de")
+            request.finish()
+            return NOT_DONE_YET
+
+        transport = serve(chunked)
+        head, _, body = transport.value().partition(b"\r\n\r\n")
+        self.assertIn(b"Transfer-Encoding: chunked", head)
+        self.assertEqual(body, b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+        self.assertEqual(transport.writes, 3)
+
+    def test_headers_alone_leave_at_once(self):
+        """
+        A stream's headers, written with no body yet, are on the wire before
+        any event.
+        """
+        requests = []
+
+        def stream(request):
+            requests.append(request)
+            request.write(b"")
+            return NOT_DONE_YET
+
+        transport = serve(stream)
+        self.assertTrue(transport.value().endswith(b"\r\n\r\n"), transport.value())
+        event = b"event: ping\ndata: {}\n\n"
+        requests[0].write(event)
+        self.assertTrue(transport.value().endswith(b"\r\n\r\n%x\r\n%s\r\n" % (len(event), event)))
+
+    def test_head_and_no_body_statuses(self):
+        """HEAD answers and 204s send their headers, and nothing of a body."""
+        def whole(request):
+            request.setHeader(b"content-length", b"5")
+            return b"hello"
+
+        transport = serve(whole, b"HEAD / HTTP/1.1\r\nHost: relay.test\r\n\r\n")
+        value = transport.value()
+        self.assertTrue(value.startswith(b"HTTP/1.1 200 OK\r\n"), value)
+        self.assertTrue(value.endswith(b"\r\n\r\n"), value)
+
+        def no_content(request):
+            request.setResponseCode(204)
+            return b"ignored"
+
+        transport = serve(no_content)
+        value = transport.value()
+        self.assertTrue(value.startswith(b"HTTP/1.1 204 No Content\r\n"), value)
+        self.assertTrue(value.endswith(b"\r\n\r\n"), value)
+
+    def test_write_after_finish(self):
+        """Writing after the answer is finished is Twisted's error, as before."""
+        def late(request):
+            request.setHeader(b"content-length", b"0")
+            request.finish()
+            self.assertRaises(RuntimeError, request.write, b"late")
+            return NOT_DONE_YET
+
+        serve(late)
+
+    def test_empty_answer(self):
+        """An empty answer with a length sends its headers when it finishes."""
+        def empty(request):
+            request.setHeader(b"content-length", b"0")
+            return b""
+
+        value = serve(empty).value()
+        self.assertTrue(value.startswith(b"HTTP/1.1 200 OK\r\n"), value)
+        self.assertTrue(value.endswith(b"Content-Length: 0\r\n\r\n"), value)
