@@ -2,6 +2,7 @@
 Tests for the relay's HTTP server side: how answers are written.
 """
 
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
@@ -40,6 +41,8 @@ class _Answer(Resource):
 def serve(how, request=b"GET / HTTP/1.1\r\nHost: relay.test\r\n\r\n"):
     site = RelaySite(_Answer(how))
     channel = site.buildProtocol(None)
+    # Timers on a clock of the test's own, never the global reactor's.
+    channel.callLater = Clock().callLater
     transport = _CountingTransport()
     channel.makeConnection(transport)
     channel.dataReceived(request)
