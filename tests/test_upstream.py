@@ -382,3 +382,60 @@ class UpstreamTLSTests(TestCase):
         self.assertIn("certificate verify failed", error.message)
         # Twisted logs the verification failure itself.
         self.flushLoggedErrors()
+
+
+class PauseLaterTests(SynchronousTestCase):
+    """
+    Twisted's client pauses the transport once a response's headers are in,
+    until the body is asked for. The relay's connections put that pause off
+    to the end of the reactor turn: never paused when the body is asked for
+    at once, paused before the next read when it is not.
+    """
+
+    def setUp(self):
+        from twisted.internet.task import Clock
+        from twisted.internet.testing import StringTransport
+
+        from twisted_relay.upstream import _RelayClientProtocol, _UpstreamRequest
+
+        self.clock = Clock()
+        self.transport = StringTransport()
+        self.protocol = _RelayClientProtocol(lambda protocol: None, self.clock)
+        self.protocol.makeConnection(self.transport)
+        self.responses = []
+        self.on_response = self.responses.append
+        d = self.protocol.request(_UpstreamRequest(b"POST", b"/v1/messages", Headers(), b"{}", b"upstream"))
+        d.addCallback(lambda response: self.on_response(response))
+
+    def answer(self):
+        self.protocol.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
+
+    def test_body_asked_at_once(self):
+        states = []
+
+        def at_once(response):
+            states.append(self.transport.producerState)
+            response.deliverBody(_Collect())
+            self.responses.append(response)
+
+        self.on_response = at_once
+        self.answer()
+        self.assertEqual(len(self.responses), 1)
+        self.clock.advance(0)
+        self.assertEqual(states, ["producing"])
+        self.assertEqual(self.transport.producerState, "producing")
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_body_asked_later(self):
+        self.answer()
+        [response] = self.responses
+        # Still reading until the turn ends; paused before the next read.
+        self.assertEqual(self.transport.producerState, "producing")
+        self.clock.advance(0)
+        self.assertEqual(self.transport.producerState, "paused")
+        collector = _Collect()
+        response.deliverBody(collector)
+        self.assertEqual(self.transport.producerState, "producing")
+        self.protocol.dataReceived(b"hello")
+        self.assertEqual(b"".join(collector.calls), b"hello")
+        self.assertIsInstance(collector.done.result, ResponseDone)

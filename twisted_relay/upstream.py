@@ -21,7 +21,7 @@ from twisted.internet.endpoints import (
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError, TimeoutError
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
-from twisted.web._newclient import HTTP11ClientProtocol, Request
+from twisted.web._newclient import HTTP11ClientProtocol, Request, TransportProxyProducer
 from twisted.web.client import (
     BrowserLikePolicyForHTTPS,
     HTTPConnectionPool,
@@ -239,12 +239,51 @@ def read_body(
 _TRANSFER_DECODERS = {b"chunked": CoalescingChunkedDecoder}
 
 
+class _PauseLater(TransportProxyProducer):
+    """
+    The transport as a response's parser sees it, with its pause put off
+    to the end of the reactor turn.
+
+    Twisted's parser pauses the transport once a response's headers are in,
+    until the body is asked for; the relay always asks at once, in the same
+    turn, so the pause and the resume cost two ``epoll_ctl`` calls for
+    nothing. A pause still pending when the resume comes is dropped; one
+    that is not resumed in the turn takes effect before the next read.
+    """
+
+    _pending = None
+
+    def __init__(self, producer, clock):
+        super().__init__(producer)
+        self._clock = clock
+
+    def pauseProducing(self):
+        if self._pending is None and self._producer is not None:
+            self._pending = self._clock.callLater(0, self._pause_now)
+
+    def _pause_now(self):
+        self._pending = None
+        TransportProxyProducer.pauseProducing(self)
+
+    def resumeProducing(self):
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+        else:
+            TransportProxyProducer.resumeProducing(self)
+
+
 class _RelayClientProtocol(HTTP11ClientProtocol):
     """
     Twisted's HTTP/1.1 client connection, reading chunked bodies with the
-    :class:`~twisted_relay.chunked.CoalescingChunkedDecoder`: one callback
-    per read, not one per chunk.
+    :class:`~twisted_relay.chunked.CoalescingChunkedDecoder` (one callback
+    per read, not one per chunk) and pausing for a body only when it is not
+    asked for at once (:class:`_PauseLater`).
     """
+
+    def __init__(self, quiescentCallback, clock):
+        super().__init__(quiescentCallback)
+        self._clock = clock
 
     def request(self, request):
         d = super().request(request)
@@ -253,6 +292,7 @@ class _RelayClientProtocol(HTTP11ClientProtocol):
             # The parser picks its decoder once the headers are in, which is
             # never before this call returns: no response byte has been read.
             parser._transferDecoders = _TRANSFER_DECODERS
+            self._transportProxy = parser.transport = _PauseLater(self.transport, self._clock)
         return d
 
 
@@ -261,8 +301,12 @@ class _QuietClientFactory(_HTTP11ClientFactory):
 
     noisy = False
 
+    def __init__(self, quiescentCallback, metadata, clock):
+        super().__init__(quiescentCallback, metadata)
+        self._clock = clock
+
     def buildProtocol(self, addr):
-        return _RelayClientProtocol(self._quiescentCallback)
+        return _RelayClientProtocol(self._quiescentCallback, self._clock)
 
 
 class _RelayConnectionPool(HTTPConnectionPool):
@@ -275,7 +319,9 @@ class _RelayConnectionPool(HTTPConnectionPool):
     request would be written on a closing socket and cut.
     """
 
-    _factory = _QuietClientFactory
+    def __init__(self, reactor, persistent=True):
+        super().__init__(reactor, persistent)
+        self._factory = lambda callback, metadata: _QuietClientFactory(callback, metadata, reactor)
 
     def _putConnection(self, key, connection):
         if _closing(connection.transport):
