@@ -454,6 +454,32 @@ class ForwardingTests(RelayTestMixin, SynchronousTestCase):
         self.assertIn("(100006 chars)", repairs[0]["client_id"])
         self.assertTrue(huge.startswith(repairs[0]["client_id"][:200]))
 
+    def test_every_log_event_is_bounded(self):
+        """
+        A request whose huge id the upstream refuses (an orphan tool result)
+        leaves no log event, the relay's or the simulated upstream's, that
+        holds the id whole: each field is a bounded prefix.
+        """
+        from twisted.logger import globalLogPublisher
+
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        relay = self.relay(SimulatedUpstream(mode="strict", seed=1))
+        huge = "0" * 65_000
+        history = [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": huge, "content": "1"}]},
+        ]
+        response = result(self, relay, relay.post("/v1/messages", messages_body(history)))
+        self.assertEqual(response.code, 400)
+        self.assertTrue(events)
+        for event in events:
+            for name, value in event.items():
+                if isinstance(value, str):
+                    self.assertLess(len(value), 2000, (event.get("log_format"), name))
+
     def test_models(self):
         """
         ``GET /v1/models`` and ``GET /v1/models/{id}`` are relayed with their

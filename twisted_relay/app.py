@@ -33,6 +33,7 @@ from twisted_relay._json import dumps
 from twisted_relay._version import __version__
 from twisted_relay.config import RelayConfig
 from twisted_relay.errors import RelayError
+from twisted_relay.logs import bounded
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.sse import SSEGate
 from twisted_relay.translation import translate_request
@@ -368,7 +369,7 @@ class RelayApp:
                 duration_ms=round((self._reactor.seconds() - started) * 1000.0, 1),
                 relay_request_id=request_id,
                 stream=outcome.stream,
-                error=outcome.error,
+                error=None if outcome.error is None else bounded(outcome.error, 1000),
             )
 
     async def _relay_admitted(
@@ -591,8 +592,8 @@ class RelayApp:
                 "Repaired duplicate id {client_id} as {upstream_id} at messages.{message_index}"
                 ".content.{block_index} ({relay_request_id})",
                 relay_request_id=request_id,
-                client_id=_loggable(entry.client_id),
-                upstream_id=_loggable(entry.upstream_id),
+                client_id=bounded(entry.client_id),
+                upstream_id=bounded(entry.upstream_id),
                 message_index=entry.message_index,
                 block_index=entry.block_index,
             )
@@ -601,8 +602,8 @@ class RelayApp:
         self.metrics.ids_rewritten.labels(rewrite.block_type).inc()
         ids = dict(
             relay_request_id=request_id,
-            upstream_id=_loggable(rewrite.upstream_id),
-            client_id=_loggable(rewrite.client_id),
+            upstream_id=bounded(rewrite.upstream_id),
+            client_id=bounded(rewrite.client_id),
         )
         if rewrite.suspected_double_emission:
             self.metrics.suspected_double_emissions.inc()
@@ -675,16 +676,6 @@ class _Outcome:
     status: int | None = None
     stream: bool = False
     error: str | None = None
-
-
-_LOGGED_ID_CHARS = 200
-
-
-def _loggable(tool_id: str) -> str:
-    """An id fit for a log line: ids come from clients and models, and may be huge."""
-    if len(tool_id) <= _LOGGED_ID_CHARS:
-        return tool_id
-    return "%s...(%d chars)" % (tool_id[:_LOGGED_ID_CHARS], len(tool_id))
 
 
 def _method_and_path(request) -> tuple[str, str]:

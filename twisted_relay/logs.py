@@ -1,6 +1,7 @@
 # -*- test-case-name: tests.test_hardening -*-
 """
-Log observers for twistd's ``--logger`` option.
+Log observers for twistd's ``--logger`` option, and :func:`bounded` for
+values that go into log events.
 
 The relay logs structured ``twisted.logger`` events (named fields such as
 ``relay_request_id``, ``status``, ``duration_ms``, ``upstream_id``); these
@@ -15,7 +16,20 @@ import sys
 
 from twisted.logger import jsonFileLogObserver
 
-__all__ = ["json_stdout", "json_stderr"]
+__all__ = ["bounded", "json_stdout", "json_stderr"]
+
+# The most characters of one client- or model-given value a log event keeps.
+BOUNDED_CHARS = 200
+
+
+def bounded(text: str, limit: int = BOUNDED_CHARS) -> str:
+    """
+    A value fit for a log event: ids and messages come from clients and
+    models and may be huge; past ``limit`` characters, the start and the length.
+    """
+    if len(text) <= limit:
+        return text
+    return "%s...(%d chars)" % (text[:limit], len(text))
 
 
 def json_stdout():

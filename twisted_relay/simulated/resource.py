@@ -27,6 +27,7 @@ from zope.interface import implementer
 
 from twisted_relay._json import dumps
 from twisted_relay.errors import error_body
+from twisted_relay.logs import bounded
 from twisted_relay.simulated.model import (
     LINE_ENDINGS,
     MODELS,
@@ -317,7 +318,7 @@ class _SimulatedResource(Resource):
                 method=method,
                 path=path,
                 status=rejection.status,
-                message=rejection.message,
+                message=bounded(rejection.message),
             )
             return self._error(request, rejection)
 
