@@ -369,11 +369,24 @@ def _large_body(size: int, path: str) -> None:
 
 
 def _translation_costs(settings: Settings) -> dict:
-    """``translate_request`` on clean and colliding histories, best of a few runs."""
+    """
+    ``translate_request`` on clean and colliding histories, best of a few
+    runs, under the garbage collector settings ``twistd relay`` runs with.
+    """
     sys.path.insert(0, _targets.REPO_ROOT)
     from bench_translation import history  # the translation bench's session shape
+    from twisted_relay.gctuning import GarbageCollectorTuning
     from twisted_relay.translation import translate_request
 
+    tuning = GarbageCollectorTuning()
+    tuning.startService()
+    try:
+        return _translation_runs(settings, history, translate_request)
+    finally:
+        tuning.stopService()
+
+
+def _translation_runs(settings: Settings, history, translate_request) -> dict:
     results = {}
     for colliding in (False, True):
         rows = {}
