@@ -90,6 +90,26 @@ def pass_through(events_per_chunk: int) -> float:
     return best(run, 200_000 // events_per_chunk) / events_per_chunk
 
 
+def gated_then_deltas() -> float:
+    """
+    A read that opens with an event the gate reads (a text block's start)
+    and goes on with 300 deltas, like a stream's first read.
+    """
+    g = gate(translate_request(history(50, False)).response())
+    opening = (
+        b"event: content_block_start\n"
+        b'data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n'
+    )
+    chunk = opening + DELTA * 300
+    receive = g.dataReceived
+
+    def run(n):
+        for _ in range(n):
+            receive(chunk)
+
+    return best(run, 1_000) / 301
+
+
 def split_delta() -> float:
     g = gate(translate_request(history(50, False)).response())
     head, tail = DELTA[:37], DELTA[37:]
@@ -143,6 +163,7 @@ def main() -> None:
     print("  pass-through, 1 event per chunk            %6.2f us/event" % (pass_through(1) * 1e6,))
     print("  pass-through, 16 events per chunk          %6.2f us/event" % (pass_through(16) * 1e6,))
     print("  pass-through, 1 event split in 2 chunks    %6.2f us/event" % (split_delta() * 1e6,))
+    print("  a gated event, then 300 deltas, one chunk  %6.2f us/event" % (gated_then_deltas() * 1e6,))
     for turns in (10, 500):
         for label, reuse in (("clean,    ", False), ("colliding,", True)):
             figure = decision(reuse, turns) * 1e6

@@ -138,3 +138,27 @@ class AnswerWriteTests(SynchronousTestCase):
         value = serve(empty).value()
         self.assertTrue(value.startswith(b"HTTP/1.1 200 OK\r\n"), value)
         self.assertTrue(value.endswith(b"Content-Length: 0\r\n\r\n"), value)
+
+
+class HostAddressTests(SynchronousTestCase):
+    """The channel asks its transport for its own address once, however many requests it carries."""
+
+    def test_asked_once(self):
+        asked = []
+        transport = _CountingTransport()
+        real = transport.getHost
+
+        def get_host():
+            asked.append(True)
+            return real()
+
+        transport.getHost = get_host
+        site = RelaySite(_Answer(lambda request: request.getHost().type.encode("ascii")))
+        channel = site.buildProtocol(None)
+        channel.callLater = Clock().callLater
+        channel.makeConnection(transport)
+        for _ in range(3):
+            channel.dataReceived(b"GET / HTTP/1.1\r\nHost: relay.test\r\n\r\n")
+        self.assertEqual(transport.value().count(b"HTTP/1.1 200 OK"), 3)
+        self.assertEqual(transport.value().count(b"\r\n\r\nTCP"), 3)
+        self.assertEqual(len(asked), 1)

@@ -774,6 +774,40 @@ class GateStreamTests(SynchronousTestCase):
         self.assertEqual(sink.writes[1], rewritten + b"".join(events[6:8]))
         self.assertNotIn(b'"id":"' + TOOLU.encode() + b'"', sink.value())
 
+    def test_events_between_gated_ones_pass_in_bulk(self):
+        """
+        In one read holding several events the gate must read, with many
+        deltas between them, only those events are read one by one: the
+        deltas between them pass in bulk, and the output is the input with
+        the colliding start rewritten.
+        """
+        import twisted_relay.sse as sse
+
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        read = []
+
+        def counting(buf, start, end, cr=True):
+            read.append(bytes(buf[start:end]))
+            return real(buf, start, end, cr)
+
+        real = sse._event_name_at
+        self.patch(sse, "_event_name_at", counting)
+        delta = (
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+            b'"delta":{"type":"text_delta","text":"some text"}}\n\n'
+        )
+        stop = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+        chunk = b"".join(events[:5]) + delta * 200 + events[5] + delta * 200 + stop
+        gate, sink, _, _ = _gate(translate_request(TOOL_HISTORY).response())
+        gate.dataReceived(chunk)
+        expected = b"".join(events[:5]) + delta * 200 + _rewritten(events[5], {TOOLU: TOOLU + "-2"}) + delta * 200 + stop
+        self.assertEqual(sink.writes, [expected])
+        self.assertTrue(gate.message_stop_seen)
+        self.assertNotIn(delta, read)
+        self.assertIn(events[5], read)
+        self.assertIn(stop, read)
+        self.assertLess(len(read), 10)
+
     def test_gated_events_found_among_lookalike_text(self):
         """
         Text deltas that mention the gate's event names (as code does) pass

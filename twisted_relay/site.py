@@ -91,6 +91,16 @@ class _RelayChannel(HTTPChannel):
         self._start_read_deadline()
         super().dataReceived(data)
 
+    _host = None
+
+    def getHost(self):
+        # Twisted asks on every request (a getsockname call each time); a
+        # connection's own address never changes.
+        host = self._host
+        if host is None:
+            host = self._host = super().getHost()
+        return host
+
     def _start_read_deadline(self) -> None:
         timeout = getattr(self.site, "request_read_timeout", None)
         if timeout and self._read_deadline is None and not self._handlingRequest:

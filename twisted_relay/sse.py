@@ -65,6 +65,7 @@ _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
 # hold JSON, where a "\n" never follows these words: text deltas full of
 # code that mentions "error" or "_start" still take the fast path.
 _GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n")
+_GATED_0, _GATED_1, _GATED_2 = _GATED_NAME_ENDS
 
 
 class EventTooLarge(ValueError):
@@ -336,6 +337,36 @@ def _dumps(obj: object) -> bytes:
     return dumps(obj)
 
 
+def _skip_ungated(buf, start: int, last: int, found: list, limit: int) -> int:
+    """
+    From an event start in complete events ``buf[.., last)`` free of "\\r",
+    the start of the first event holding a line end of ``_GATED_NAME_ENDS``
+    (``last`` if none). ``found`` holds each name's next place (-1: none up
+    to ``last``); a place already passed is searched again from ``start``,
+    so a read costs each ``find`` about once however many gated events it holds.
+    """
+    hit = last
+    for i in range(3):
+        at = found[i]
+        if 0 <= at < start:
+            at = found[i] = buf.find(_GATED_NAME_ENDS[i], start, last)
+        if 0 <= at < hit:
+            hit = at
+    if hit < last:
+        end = buf.rfind(b"\n\n", start, hit)
+        if end < 0:
+            # The event at ``start`` holds the hit itself.
+            return start
+        end += 2
+    else:
+        end = last
+    # Skipped events are not checked one by one: only while all of them
+    # together are within the size limit for one.
+    if end - start <= limit:
+        return end
+    return start
+
+
 @implementer(IPushProducer)
 class SSEGate(Protocol):
     """
@@ -532,23 +563,30 @@ class SSEGate(Protocol):
         next_end = framer._next_end
         cr = framer._cr
         out_start = start = framer._start
+        found = None
         if not cr and start < len(buf):
             # The common case, without a step per event: complete events
             # whose event lines end in none of the names the gate reads
             # ("_start" stands for message_start and content_block_start)
-            # leave as they are, up to the event holding the first such line
-            # end. Without "\r", every "\n\n" ends an event.
+            # leave as they are, between the events that hold such line
+            # ends. Without "\r", every "\n\n" ends an event.
             last = buf.rfind(b"\n\n", start) + 2
-            if last > 1 and last - start <= framer.max_event_bytes:
+            limit = framer.max_event_bytes
+            if last > 1 and last - start <= limit:
                 hit = last
                 for name in _GATED_NAME_ENDS:
                     at = buf.find(name, start, hit)
                     if at >= 0:
                         hit = at
                 if hit < last:
-                    last = buf.rfind(b"\n\n", start, hit) + 2
-                if last > 1:
-                    framer._start = framer._line = framer._seen = start = last
+                    # Events the gate reads, with more behind them: after
+                    # each, skip again (_skip_ungated).
+                    found = [hit, hit, hit]
+                    last_gated = buf.rfind(b"\n\n", start, hit) + 2
+                else:
+                    last_gated = last
+                if last_gated > 1:
+                    framer._start = framer._line = framer._seen = start = last_gated
         pieces = None
         too_large = None
         while not self._paused:
@@ -571,6 +609,10 @@ class SSEGate(Protocol):
             elif name == _MESSAGE_STOP:
                 self.message_stop_seen = True
             start = end
+            if found is not None and start < last:
+                end = _skip_ungated(buf, start, last, found, limit)
+                if end != start:
+                    framer._start = framer._line = framer._seen = start = end
         stop = framer._start
         if pieces is None:
             out = _copy(buf, out_start, stop)
