@@ -133,13 +133,30 @@ class CoalescingChunkedDecoder:
                     self._left = size
                     state = _DATA
                     continue
-                # The whole chunk is here: take it and its CRLF in one step.
+                # The whole chunk is here: take it and its CRLF in one step,
+                # and the whole chunks behind it in this tighter loop (an
+                # upstream that flushes every event sends a chunk per event).
                 if view is None:
                     view = memoryview(data)
-                out.append(view[pos:end])
-                if data[end] != 13 or data[end + 1] != 10:
-                    raise _MalformedChunkedDataError("Chunk did not end with CRLF")
-                pos = end + 2
+                append = out.append
+                find = data.find
+                sizes = _SIZES
+                while True:
+                    append(view[pos:end])
+                    if data[end] != 13 or data[end + 1] != 10:
+                        raise _MalformedChunkedDataError("Chunk did not end with CRLF")
+                    pos = end + 2
+                    eol = find(b"\r\n", pos, pos + 10)
+                    if eol < 0:
+                        break
+                    size = sizes.get(data[pos:eol])
+                    if not size:
+                        # Unknown, malformed or the last: the general path.
+                        break
+                    end = eol + 2 + size
+                    if end + 2 > n:
+                        break
+                    pos = eol + 2
             else:  # _TRAILER
                 eol = data.find(b"\r\n", pos)
                 if eol < 0:
