@@ -120,6 +120,47 @@ class NamedCases(SynchronousTestCase):
                 self.assertIs(got, error, (decoder_class, extra))
                 self.assertEqual(complete, error is None)
 
+    def test_bulk_read(self):
+        """
+        A large read of many whole chunks (decoded in bulk) gives the same
+        data and end as Twisted, also when a chunk's data holds a CRLF, a
+        size not seen before, or damage.
+        """
+        events = [b"event: content_block_delta\ndata: {\"n\": %d}\n\n" % (i,) for i in range(300)]
+        variants = {
+            "plain": events,
+            "crlf in data": events[:100] + [b"data: a\r\nb\r\n\r\n"] + events[100:],
+            "new size": events[:150] + [b"x" * 3001] + events[150:],
+        }
+        for label, pieces in variants.items():
+            wire = _encode(pieces) + b"NEXT"
+            for reads in ([wire], [wire[:5000], wire[5000:]], [wire[:7], wire[7:]]):
+                ours = _run(CoalescingChunkedDecoder, reads)
+                theirs = _run(_ChunkedTransferDecoder, reads)
+                self.assertEqual(b"".join(ours[0]), b"".join(pieces), label)
+                self.assertEqual(ours[1:], theirs[1:], label)
+                self.assertEqual(ours[1], b"NEXT", label)
+                self.assertLessEqual(len(ours[0]), len(reads), label)
+        # The sizes are known now: the bulk reading takes all the whole chunks at once.
+        from twisted_relay.chunked import _whole_chunks
+
+        wire = _encode(events)
+        taken, body = _whole_chunks(wire, 0)
+        self.assertEqual((taken, body), (len(wire) - 5, b"".join(events)))
+        damaged = bytearray(_encode(events))
+        at = damaged.index(b"\r\n", 2000)
+        damaged[at] = ord("X")
+        ours = _run(CoalescingChunkedDecoder, [bytes(damaged)])
+        theirs = _run(_ChunkedTransferDecoder, [bytes(damaged)])
+        self.assertIs(ours[2], _MalformedChunkedDataError)
+        self.assertEqual(ours[1:], theirs[1:])
+        self.assertEqual(b"".join(ours[0]), b"".join(theirs[0]))
+
+    def test_half_a_crlf_waits(self):
+        """The first byte of a chunk's CRLF alone is judged only with the second, as in Twisted."""
+        for decoder_class in (CoalescingChunkedDecoder, _ChunkedTransferDecoder):
+            self.assertEqual(_run(decoder_class, [b"1\r\n\r\n"])[1:], (None, None, False), decoder_class)
+
     def test_data_after_finish(self):
         """Bytes given after the body finished are a caller's bug, as in Twisted."""
         decoder = CoalescingChunkedDecoder(lambda data: None, lambda rest: None)

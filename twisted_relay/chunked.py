@@ -30,6 +30,8 @@ _MAX_TRAILER_BYTES = 2**16
 # events come in few distinct lengths. Shared by every decoder, and bounded.
 _SIZES: dict[bytes, int] = {}
 _MAX_SIZES_KEPT = 4096
+# Bytes from which a read's whole chunks are first tried in bulk (_whole_chunks).
+_BULK_MIN = 512
 
 _SIZE, _DATA, _CRLF, _TRAILER, _FINISHED = "CHUNK_LENGTH", "BODY", "CRLF", "TRAILER", "FINISHED"
 
@@ -85,6 +87,7 @@ class CoalescingChunkedDecoder:
         pos = 0
         n = len(data)
         state = self.state
+        bulk = True
         while pos < n:
             if state is _DATA:
                 end = pos + self._left
@@ -102,14 +105,22 @@ class CoalescingChunkedDecoder:
                     break
                 state = _CRLF
             elif state is _CRLF:
-                if data[pos] != 13 or (pos + 1 < n and data[pos + 1] != 10):
-                    raise _MalformedChunkedDataError("Chunk did not end with CRLF")
                 if pos + 1 == n:
+                    # Judged once both bytes are here, as Twisted does.
                     self._held = data[pos:]
                     break
+                if data[pos] != 13 or data[pos + 1] != 10:
+                    raise _MalformedChunkedDataError("Chunk did not end with CRLF")
                 pos += 2
                 state = _SIZE
             elif state is _SIZE:
+                if bulk and n - pos >= _BULK_MIN:
+                    bulk = False
+                    taken, body = _whole_chunks(data, pos)
+                    if taken:
+                        out.append(body)
+                        pos += taken
+                        continue
                 eol = data.find(b"\r\n", pos, pos + maxChunkSizeLineLength + 2)
                 if eol < 0 or eol - pos >= maxChunkSizeLineLength:
                     if eol >= 0 or n - pos > maxChunkSizeLineLength:
@@ -193,6 +204,35 @@ class CoalescingChunkedDecoder:
                 "Chunked decoder in %r state, still expecting more data to get to "
                 "'FINISHED' state." % (self.state,)
             )
+
+
+def _whole_chunks(data: bytes, pos: int) -> tuple[int, bytes]:
+    """
+    The whole chunks from ``pos`` (a size line) in bulk: how many bytes they
+    take and their data, or ``(0, b"")`` when the bulk reading does not
+    apply. Splitting at every CRLF gives size, data, size, data ...; when each
+    size is one the strict parser has already read (``_SIZES``) and each data
+    part is exactly that long, the chunk-by-chunk parse would find the very
+    same chunks, and all the checks ran in C. Anything else (data holding a
+    CRLF, a new size, the last chunk, damage) is left to the loop.
+    """
+    parts = (data[pos:] if pos else data).split(b"\r\n")
+    # The last part is never followed by a CRLF: a pair ending there is not whole.
+    pairs = (len(parts) - 1) // 2
+    if pairs < 2:
+        return 0, b""
+    sizes = list(map(_SIZES.get, parts[0 : 2 * pairs : 2]))
+    lengths = list(map(len, parts[1 : 2 * pairs : 2]))
+    if sizes != lengths:
+        return 0, b""
+    if 0 in sizes:
+        # The last chunk, and the empty line that ends a body without trailers.
+        pairs = sizes.index(0)
+        if not pairs:
+            return 0, b""
+        del lengths[pairs:]
+    taken = sum(map(len, parts[0 : 2 * pairs : 2])) + sum(lengths) + 4 * pairs
+    return taken, b"".join(parts[1 : 2 * pairs : 2])
 
 
 def _chunk_size(line: bytes) -> int:
