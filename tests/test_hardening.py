@@ -69,6 +69,8 @@ class MetricsTests(SynchronousTestCase):
             },
         ]
         d = relay.post("/v1/messages", messages_body(history, stream=True))
+        during = generate_latest(relay.app.metrics.registry).decode()
+        self.assertIn("relay_active_requests 1.0", during)
         relay.flush()
         response = self.successResultOf(d)
         body = response.content()
@@ -79,6 +81,7 @@ class MetricsTests(SynchronousTestCase):
         self.assertIn('relay_ids_rewritten_total{block_type="tool_use"} 1.0', exposition)
         self.assertIn('relay_requests_total{route="messages",status="200"} 1.0', exposition)
         self.assertIn("relay_active_streams 0.0", exposition)
+        self.assertIn("relay_active_requests 0.0", exposition)
 
     def test_repairs_counted(self):
         """

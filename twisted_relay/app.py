@@ -112,6 +112,8 @@ class RelayApp:
         self._reactor = reactor
         self._dumps = dumps
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
+        # Read when scraped: no work per request.
+        self.metrics.active_requests.set_function(lambda: len(self._active))
         self._relay_keys = tuple(key.encode("utf-8") for key in config.relay_keys)
         self._active: set = set()
         self._draining = False
@@ -247,11 +249,9 @@ class RelayApp:
 
     def _begin(self, request) -> None:
         self._active.add(request)
-        self.metrics.active_requests.set(len(self._active))
 
     def _end(self, request) -> None:
         self._active.discard(request)
-        self.metrics.active_requests.set(len(self._active))
         if not self._active and self._idle_waiters:
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
@@ -360,7 +360,7 @@ class RelayApp:
         finally:
             self._end(request)
             status = outcome.status or request.code
-            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.labelled(self.metrics.requests, route, str(status)).inc()
             self.log.info(
                 "{method} {path} {status} {duration_ms}ms ({relay_request_id})",
                 method=request.method.decode("ascii", "replace"),
@@ -423,7 +423,7 @@ class RelayApp:
             self._dump(exchange, response, answer)
         elif response.code < 300 and translate_answer:
             answer = self._translate_answer(answer, translation, request_id)
-        self.metrics.time_to_first_byte.labels(route, "false").observe(self._reactor.seconds() - started)
+        self.metrics.labelled(self.metrics.time_to_first_byte, route, "false").observe(self._reactor.seconds() - started)
         return _whole(request, answer)
 
     async def _send(self, route, method, path, headers, body, started):
@@ -447,7 +447,7 @@ class RelayApp:
                     continue
                 self.metrics.upstream_errors.labels(e.kind or "other").inc()
                 raise
-            self.metrics.upstream_latency.labels(route).observe(self._reactor.seconds() - sent)
+            self.metrics.labelled(self.metrics.upstream_latency, route).observe(self._reactor.seconds() - sent)
             if (
                 response.code in config.retry_statuses
                 and (response.code == 429 or response.code >= 500)
@@ -501,7 +501,7 @@ class RelayApp:
         def write(data: bytes) -> None:
             if first_byte[0] and data:
                 first_byte[0] = False
-                metrics.time_to_first_byte.labels(route, "true").observe(self._reactor.seconds() - started)
+                metrics.labelled(metrics.time_to_first_byte, route, "true").observe(self._reactor.seconds() - started)
             request.write(data)
 
         def on_error_event(payload: dict) -> None:

@@ -41,6 +41,7 @@ class RelayMetrics:
     """
 
     def __init__(self, dumps=None):
+        self._children: dict = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "relay_requests",
@@ -95,6 +96,14 @@ class RelayMetrics:
         )
         if dumps is not None:
             self.registry.register(_DumpCollector(dumps))
+
+    def labelled(self, metric, *values):
+        """``metric.labels(*values)``, looked up once per label set (there are few)."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def resource(self):
         """The ``/metrics`` resource, in Prometheus' text format."""
