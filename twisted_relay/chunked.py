@@ -31,7 +31,7 @@ _MAX_TRAILER_BYTES = 2**16
 _SIZES: dict[bytes, int] = {}
 _MAX_SIZES_KEPT = 4096
 # Bytes from which a read's whole chunks are first tried in bulk (_whole_chunks).
-_BULK_MIN = 512
+_BULK_MIN = 2048
 
 _SIZE, _DATA, _CRLF, _TRAILER, _FINISHED = "CHUNK_LENGTH", "BODY", "CRLF", "TRAILER", "FINISHED"
 
