@@ -8,15 +8,15 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from twisted_relay.config import RelayConfig
-from twisted_relay.gctuning import FULL_COLLECTION_EVERY, GarbageCollectorTuning
+from twisted_relay.gctuning import GarbageCollectorTuning
 from twisted_relay.service import Relay
 from twisted_relay.tap import Options, makeService
 
 
 class GarbageCollectorTuningTests(SynchronousTestCase):
     """
-    While the relay runs, what existed at its start is frozen and full
-    collections are rarer; when it stops, the process is as it was.
+    While the relay runs, what existed at its start is frozen; when it
+    stops, the process is as it was.
     """
 
     def setUp(self):
@@ -28,9 +28,8 @@ class GarbageCollectorTuningTests(SynchronousTestCase):
         tuning = GarbageCollectorTuning()
         tuning.startService()
         try:
-            young, middle, full = gc.get_threshold()
-            self.assertEqual((young, middle), self.before[:2])
-            self.assertEqual(full, FULL_COLLECTION_EVERY)
+            # How often the collector runs is Python's to say.
+            self.assertEqual(gc.get_threshold(), self.before)
             # This test's own objects existed at the start: frozen.
             self.assertGreater(gc.get_freeze_count(), 1000)
         finally:

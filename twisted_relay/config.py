@@ -70,9 +70,10 @@ class RelayConfig:
     :ivar workers: relay processes serving the ``tcp:`` listen addresses
         together (``SO_REUSEPORT``), this one included; each has its own
         pool, limits and metrics. 1 runs the relay in this process only.
-    :ivar gc_tuning: tune the process's garbage collector for many open
-        streams while the relay runs (:mod:`twisted_relay.gctuning`); it
-        changes the whole process, so only ``twistd relay`` turns it on.
+    :ivar gc_tuning: freeze what exists in the process when the relay
+        starts, so full garbage collections no longer walk it
+        (:mod:`twisted_relay.gctuning`); it changes the whole process, so
+        only ``twistd relay`` turns it on.
     """
 
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)

@@ -140,7 +140,7 @@ class Options(usage.Options):
             "no-gc-tuning",
             None,
             "Leave Python's garbage collector as it is (by default the relay freezes what exists "
-            "at start and runs full collections ten times less often).",
+            "at start, so that full collections no longer walk it).",
         ],
     ]
 
