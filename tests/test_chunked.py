@@ -126,6 +126,10 @@ class NamedCases(SynchronousTestCase):
         data and end as Twisted, also when a chunk's data holds a CRLF, a
         size not seen before, or damage.
         """
+        import twisted_relay.chunked as chunked
+
+        # A cache of sizes of this test's own, whatever ran before it.
+        self.patch(chunked, "_SIZES", {})
         events = [b"event: content_block_delta\ndata: {\"n\": %d}\n\n" % (i,) for i in range(300)]
         variants = {
             "plain": events,
@@ -155,6 +159,17 @@ class NamedCases(SynchronousTestCase):
         self.assertIs(ours[2], _MalformedChunkedDataError)
         self.assertEqual(ours[1:], theirs[1:])
         self.assertEqual(b"".join(ours[0]), b"".join(theirs[0]))
+
+    def test_size_cache_starts_over_when_full(self):
+        """When the cache of sizes is full it starts over: new sizes are still cached."""
+        import twisted_relay.chunked as chunked
+
+        self.patch(chunked, "_SIZES", {})
+        self.patch(chunked, "_MAX_SIZES_KEPT", 3)
+        for size in (1, 2, 3, 4, 5):
+            _run(CoalescingChunkedDecoder, [_encode([b"x" * size])])
+        self.assertIn(b"5", chunked._SIZES)
+        self.assertLessEqual(len(chunked._SIZES), 3)
 
     def test_half_a_crlf_waits(self):
         """The first byte of a chunk's CRLF alone is judged only with the second, as in Twisted."""

@@ -162,3 +162,18 @@ class HostAddressTests(SynchronousTestCase):
         self.assertEqual(transport.value().count(b"HTTP/1.1 200 OK"), 3)
         self.assertEqual(transport.value().count(b"\r\n\r\nTCP"), 3)
         self.assertEqual(len(asked), 1)
+
+
+class HeaderPairsTests(SynchronousTestCase):
+    """Headers given as pairs (Twisted's older form) are written Twisted's way, sanitised."""
+
+    def test_pairs(self):
+        site = RelaySite(_Answer(lambda request: b""))
+        channel = site.buildProtocol(None)
+        channel.callLater = Clock().callLater
+        transport = _CountingTransport()
+        channel.makeConnection(transport)
+        channel.writeHeaders(b"HTTP/1.1", b"200", b"OK", [(b"X-A", b"1\r\nX-Injected: 2")])
+        value = transport.value()
+        self.assertTrue(value.startswith(b"HTTP/1.1 200 OK\r\n"), value)
+        self.assertNotIn(b"\r\nX-Injected", value)

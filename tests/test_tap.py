@@ -89,6 +89,17 @@ class OptionsTests(SynchronousTestCase):
         """
         self.assertIsNone(parse("--no-dumps").config.dump_dir)
 
+    def test_upstream_with_credentials_query_or_fragment(self):
+        """
+        An upstream URL may not carry a user name, password, query or
+        fragment; the error does not repeat the URL (it may hold a key).
+        """
+        for url in ("https://user:sk-secret@api.example.test", "https://api.example.test/?x=1",
+                    "https://api.example.test/#top"):
+            with self.assertRaises(UsageError) as caught:
+                parse("--upstream", url)
+            self.assertNotIn("sk-secret", str(caught.exception))
+
     def test_no_gc_tuning(self):
         """
         ``--no-gc-tuning`` leaves the garbage collector as Python sets it.

@@ -426,6 +426,25 @@ class PauseLaterTests(SynchronousTestCase):
         self.assertEqual(self.transport.producerState, "producing")
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def test_pause_again_then_resume(self):
+        """
+        Paused for real, paused again, resumed: the transport reads again,
+        as with Twisted's own proxy (the second pause pending is dropped).
+        """
+        self.answer()
+        [response] = self.responses
+        collector = _Collect()
+        response.deliverBody(collector)
+        proxy = self.protocol._transportProxy
+        proxy.pauseProducing()
+        self.clock.advance(0)
+        self.assertEqual(self.transport.producerState, "paused")
+        proxy.pauseProducing()
+        proxy.resumeProducing()
+        self.assertEqual(self.transport.producerState, "producing")
+        self.clock.advance(0)
+        self.assertEqual(self.transport.producerState, "producing")
+
     def test_body_asked_later(self):
         self.answer()
         [response] = self.responses

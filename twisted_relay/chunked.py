@@ -133,7 +133,10 @@ class CoalescingChunkedDecoder:
                 size = _SIZES.get(line)
                 if size is None:
                     size = _chunk_size(line)
-                    if len(line) <= 8 and len(_SIZES) < _MAX_SIZES_KEPT:
+                    if len(line) <= 8:
+                        if len(_SIZES) >= _MAX_SIZES_KEPT:
+                            # Sizes in use change (an upstream that re-chunks): start over.
+                            _SIZES.clear()
                         _SIZES[line] = size
                 pos = eol + 2
                 if not size:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 
 from twisted.web.http import HTTPChannel
+from twisted.web.http_headers import Headers
 from twisted.web.server import Request, Site
 
 from twisted_relay.errors import RelayError
@@ -131,7 +132,10 @@ class _RelayChannel(HTTPChannel):
     def writeHeaders(self, version, code, reason, headers):
         # As Twisted's HTTPChannel.writeHeaders does, but sent through
         # writeSequence (or held for the body) instead of the transport's
-        # buffer. Request.write always passes a Headers, sanitised as set.
+        # buffer. Request.write always passes a Headers, sanitised as set;
+        # anything else goes Twisted's way (which also sanitises it).
+        if not isinstance(headers, Headers):
+            return super().writeHeaders(version, code, reason, headers)
         lines = [version, b" ", code, b" ", reason, b"\r\n"]
         for name, values in headers.getAllRawHeaders():
             for value in values:

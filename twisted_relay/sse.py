@@ -65,7 +65,6 @@ _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
 # hold JSON, where a "\n" never follows these words: text deltas full of
 # code that mentions "error" or "_start" still take the fast path.
 _GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n")
-_GATED_0, _GATED_1, _GATED_2 = _GATED_NAME_ENDS
 
 
 class EventTooLarge(ValueError):

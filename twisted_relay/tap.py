@@ -189,6 +189,11 @@ class Options(usage.Options):
             raise usage.UsageError(
                 "--upstream must be an http:// or https:// URL, not %r." % (self["upstream"],)
             )
+        if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+            raise usage.UsageError(
+                "--upstream may hold no user name, password, query or fragment "
+                "(give the upstream's key with --upstream-key)."
+            )
         if self["upstream-ids"] not in POLICIES:
             raise usage.UsageError(
                 "--upstream-ids must be one of %s, not %r."

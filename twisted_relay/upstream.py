@@ -242,13 +242,16 @@ _TRANSFER_DECODERS = {b"chunked": CoalescingChunkedDecoder}
 class _PauseLater(TransportProxyProducer):
     """
     The transport as a response's parser sees it, with its pause put off
-    to the end of the reactor turn.
+    to the reactor's next run of timed calls.
 
     Twisted's parser pauses the transport once a response's headers are in,
     until the body is asked for; the relay always asks at once, in the same
     turn, so the pause and the resume cost two ``epoll_ctl`` calls for
     nothing. A pause still pending when the resume comes is dropped; one
-    that is not resumed in the turn takes effect before the next read.
+    that is not resumed takes effect with the next timed calls (before the
+    next read, unless the pause itself came from a timed call: then one read
+    may come first, which the body's reader buffers). A resume always
+    resumes, as Twisted's proxy does.
     """
 
     _pending = None
@@ -269,8 +272,7 @@ class _PauseLater(TransportProxyProducer):
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None
-        else:
-            TransportProxyProducer.resumeProducing(self)
+        TransportProxyProducer.resumeProducing(self)
 
 
 class _RelayClientProtocol(HTTP11ClientProtocol):
@@ -288,7 +290,8 @@ class _RelayClientProtocol(HTTP11ClientProtocol):
     def request(self, request):
         d = super().request(request)
         parser = self._parser
-        if parser is not None:
+        # (A request refused because another is in flight leaves that one's parser.)
+        if parser is not None and self._currentRequest is request:
             # The parser picks its decoder once the headers are in, which is
             # never before this call returns: no response byte has been read.
             parser._transferDecoders = _TRANSFER_DECODERS
@@ -445,10 +448,10 @@ class _UpstreamRequest(Request):
             for value in values:
                 lines.extend((name, b": ", value, b"\r\n"))
         lines.append(b"\r\n")
-        if body:
-            lines.append(body)
-        if not send_now(transport, lines):
-            transport.writeSequence(lines)
+        # The head joined (a few hundred bytes), the body as it is: never copied.
+        pieces = [b"".join(lines), body] if body else [b"".join(lines)]
+        if not send_now(transport, pieces):
+            transport.writeSequence(pieces)
         return succeed(None)
 
     def stopWriting(self) -> None:
@@ -520,6 +523,11 @@ class UpstreamClient:
         route = self._route
         if route is None:
             parts = urlsplit(self._base_url)
+            if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+                raise ValueError(
+                    "the upstream URL %s may hold no user name, password, query or fragment"
+                    % (self.display_url,)
+                )
             scheme = parts.scheme.encode("ascii")
             host = (parts.hostname or "").encode("utf-8")
             port = parts.port or (443 if scheme == b"https" else 80)
@@ -592,6 +600,8 @@ class UpstreamClient:
         return d
 
     def _send(self, method: bytes, path_and_query: str, headers: Headers, body: bytes | None) -> Deferred:
+        # A fragment is the client's own business, never sent (as Twisted's Agent did not).
+        path_and_query = path_and_query.partition("#")[0]
         try:
             key, endpoint, host, prefix = self._upstream()
             request = _UpstreamRequest(method, (prefix + path_and_query).encode("utf-8"), headers, body, host)
