@@ -141,10 +141,12 @@ class _RelayChannel(HTTPChannel):
             for value in values:
                 lines.extend((name, b": ", value, b"\r\n"))
         lines.append(b"\r\n")
+        # Joined: with the body beside it, never joined with it (no copy of the body).
+        head = [b"".join(lines)]
         if self._hold_headers:
-            self._held_headers = lines
+            self._held_headers = head
         else:
-            self.writeSequence(lines)
+            self.writeSequence(head)
 
     def release_headers(self) -> None:
         """Send headers still held (the request wrote no body with them)."""
