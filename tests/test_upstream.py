@@ -294,7 +294,8 @@ class UpstreamEndpointTests(SynchronousTestCase):
         factory = getattr(self, "factory", None)
         if factory is None:
             factory = self.factory = _UpstreamEndpoints(MemoryReactorClock(), 5.0)
-        return factory.endpointForURI(URI.fromBytes(url))
+        uri = URI.fromBytes(url)
+        return factory.endpoint_for(uri.scheme, uri.host, uri.port)
 
     def test_one_endpoint_per_host(self):
         first = self.endpoint(b"http://127.0.0.1:8081/v1/messages")

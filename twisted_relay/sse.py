@@ -336,13 +336,17 @@ def _dumps(obj: object) -> bytes:
     return dumps(obj)
 
 
-def _skip_ungated(buf, start: int, last: int, found: list, limit: int) -> int:
+def _skip_ungated(buf, start: int, last: int, found: list) -> int:
     """
     From an event start in complete events ``buf[.., last)`` free of "\\r",
     the start of the first event holding a line end of ``_GATED_NAME_ENDS``
-    (``last`` if none). ``found`` holds each name's next place (-1: none up
-    to ``last``); a place already passed is searched again from ``start``,
-    so a read costs each ``find`` about once however many gated events it holds.
+    (``last`` if none). ``found[i]`` is -1 when name ``i`` is not in
+    ``buf[.., last)`` past the first start, else a place holding a gated
+    name at or before name ``i``'s next place; a place already passed is
+    searched again from ``start``, so a read costs each ``find`` about once
+    however many gated events it holds. (The caller checked that all of
+    ``buf[.., last)`` is within the size limit of one event, so skipped
+    events need no check of their own.)
     """
     hit = last
     for i in range(3):
@@ -351,19 +355,11 @@ def _skip_ungated(buf, start: int, last: int, found: list, limit: int) -> int:
             at = found[i] = buf.find(_GATED_NAME_ENDS[i], start, last)
         if 0 <= at < hit:
             hit = at
-    if hit < last:
-        end = buf.rfind(b"\n\n", start, hit)
-        if end < 0:
-            # The event at ``start`` holds the hit itself.
-            return start
-        end += 2
-    else:
-        end = last
-    # Skipped events are not checked one by one: only while all of them
-    # together are within the size limit for one.
-    if end - start <= limit:
-        return end
-    return start
+    if hit == last:
+        return last
+    end = buf.rfind(b"\n\n", start, hit)
+    # -1: the event at ``start`` holds the hit itself.
+    return start if end < 0 else end + 2
 
 
 @implementer(IPushProducer)
@@ -570,8 +566,9 @@ class SSEGate(Protocol):
             # leave as they are, between the events that hold such line
             # ends. Without "\r", every "\n\n" ends an event.
             last = buf.rfind(b"\n\n", start) + 2
-            limit = framer.max_event_bytes
-            if last > 1 and last - start <= limit:
+            # Skipped events are not checked one by one: only while all of
+            # them together are within the size limit for one.
+            if last > 1 and last - start <= framer.max_event_bytes:
                 hit = last
                 for name in _GATED_NAME_ENDS:
                     at = buf.find(name, start, hit)
@@ -579,7 +576,9 @@ class SSEGate(Protocol):
                         hit = at
                 if hit < last:
                     # Events the gate reads, with more behind them: after
-                    # each, skip again (_skip_ungated).
+                    # each, skip again (_skip_ungated, which searches each
+                    # name on to ``last``; this first pass, the common one,
+                    # stops each search at the nearest hit).
                     found = [hit, hit, hit]
                     last_gated = buf.rfind(b"\n\n", start, hit) + 2
                 else:
@@ -609,7 +608,7 @@ class SSEGate(Protocol):
                 self.message_stop_seen = True
             start = end
             if found is not None and start < last:
-                end = _skip_ungated(buf, start, last, found, limit)
+                end = _skip_ungated(buf, start, last, found)
                 if end != start:
                     framer._start = framer._line = framer._seen = start = end
         stop = framer._start

@@ -33,7 +33,7 @@ from twisted.web.client import (
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.iweb import IBodyProducer, IResponse
 from zope.interface import implementer
 
 from twisted_relay.chunked import CoalescingChunkedDecoder
@@ -347,7 +347,6 @@ def _closing(transport) -> bool:
     return False
 
 
-@implementer(IAgentEndpointFactory)
 class _UpstreamEndpoints:
     """
     The endpoint of each upstream host, made once and reused.
@@ -363,9 +362,6 @@ class _UpstreamEndpoints:
         self._timeout = connect_timeout
         self._policy = BrowserLikePolicyForHTTPS()
         self._made: dict[tuple[bytes, bytes, int], object] = {}
-
-    def endpointForURI(self, uri):
-        return self.endpoint_for(uri.scheme, uri.host, uri.port)
 
     def endpoint_for(self, scheme: bytes, host: bytes, port: int):
         """The endpoint of ``scheme://host:port``, made on first use."""
