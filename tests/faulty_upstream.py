@@ -60,12 +60,12 @@ _SSE = b"text/event-stream; charset=utf-8"
 _JSON = b"application/json"
 
 
-def _dumps(value) -> bytes:
+def _to_json(value) -> bytes:
     return ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
 
 
 def _event(name: str, payload: dict) -> bytes:
-    return b"event: " + name.encode("ascii") + b"\ndata: " + _dumps(payload) + b"\n\n"
+    return b"event: " + name.encode("ascii") + b"\ndata: " + _to_json(payload) + b"\n\n"
 
 
 def message_json(text: str = "Hello", message_id: str = "msg_faulty_1") -> dict:
@@ -190,7 +190,7 @@ class Answer(Fault):
         request.setHeader(b"request-id", b"req_faulty_%d" % (exchange.number,))
         for name, value in self.headers:
             request.setHeader(name, value)
-        return self.body if self.body is not None else _dumps(message_json())
+        return self.body if self.body is not None else _to_json(message_json())
 
 
 def error_answer(
@@ -207,7 +207,7 @@ def error_answer(
         headers.append((b"retry-after", retry_after.encode("ascii")))
     if retry_after_ms is not None:
         headers.append((b"retry-after-ms", retry_after_ms.encode("ascii")))
-    body = _dumps({"type": "error", "error": {"type": error_type, "message": message}})
+    body = _to_json({"type": "error", "error": {"type": error_type, "message": message}})
     return Answer(status, body, tuple(headers))
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ujson
 
-__all__ = ["dumps"]
+__all__ = ["to_json"]
 
 
-def dumps(value) -> bytes:
+def to_json(value) -> bytes:
     """
     Serialise ``value`` as compact UTF-8 JSON. A lone surrogate (a valid
     JSON escape with no UTF-8 form) makes the whole value fall back to ASCII

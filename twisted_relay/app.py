@@ -29,7 +29,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
-from twisted_relay._json import dumps
+from twisted_relay._json import to_json
 from twisted_relay._version import __version__
 from twisted_relay.config import RelayConfig
 from twisted_relay.errors import RelayError
@@ -77,9 +77,6 @@ _request_numbers = itertools.count(1)
 
 def _new_request_id() -> str:
     return "%s%012x" % (_REQUEST_ID_PREFIX, next(_request_numbers))
-
-
-_dumps = dumps
 
 
 class RelayApp:
@@ -186,7 +183,7 @@ class RelayApp:
     def health(self, request):
         """Say that the relay process (which one: ``pid``) is up; it does not ask the upstream."""
         request.setHeader(b"content-type", _JSON)
-        return _dumps({"status": "ok", "version": __version__, "pid": os.getpid()})
+        return to_json({"status": "ok", "version": __version__, "pid": os.getpid()})
 
     @app.route("/ready", methods=["GET"])
     def ready(self, request):
@@ -194,8 +191,8 @@ class RelayApp:
         request.setHeader(b"content-type", _JSON)
         if self._draining or self._client.base_url is None:
             request.setResponseCode(503)
-            return _dumps({"status": "draining" if self._draining else "starting"})
-        return _dumps({"status": "ready", "active_requests": len(self._active)})
+            return to_json({"status": "draining" if self._draining else "starting"})
+        return to_json({"status": "ready", "active_requests": len(self._active)})
 
     @app.route("/metrics", methods=["GET"])
     def metrics_page(self, request):
@@ -385,7 +382,7 @@ class RelayApp:
                 body = self._parse_messages_body(raw)
                 translation = translate_request(body, config.upstream_ids)
                 self._note_repairs(request_id, translation)
-                upstream_body = _dumps(translation.upstream_body) if translation.changed else raw
+                upstream_body = to_json(translation.upstream_body) if translation.changed else raw
             headers = upstream_request_headers(
                 request.requestHeaders, config.upstream_key, strip_credentials=bool(self._relay_keys)
             )
@@ -491,7 +488,7 @@ class RelayApp:
             return answer
         for rewrite in responder.rewrites:
             self._note_rewrite(request_id, rewrite)
-        return _dumps(message)
+        return to_json(message)
 
     async def _stream(self, request, response, exchange: "_Exchange", route, started, outcome) -> None:
         config = self._config

@@ -8,7 +8,7 @@ the client exactly as the upstream sent them.
 
 from __future__ import annotations
 
-from twisted_relay._json import dumps
+from twisted_relay._json import to_json
 
 __all__ = [
     "ERROR_TYPES",
@@ -47,14 +47,14 @@ def error_body(error_type: str, message: str, request_id: str | None = None) -> 
     body = {"type": "error", "error": {"type": error_type, "message": message}}
     if request_id is not None:
         body["request_id"] = request_id
-    return dumps(body)
+    return to_json(body)
 
 
 def sse_error_event(error_type: str, message: str) -> bytes:
     """
     Serialise an SSE ``error`` event, for failures after a stream has started.
     """
-    data = dumps({"type": "error", "error": {"type": error_type, "message": message}})
+    data = to_json({"type": "error", "error": {"type": error_type, "message": message}})
     return b"event: error\ndata: " + data + b"\n\n"
 
 

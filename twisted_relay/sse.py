@@ -27,7 +27,7 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
-from twisted_relay._json import dumps
+from twisted_relay._json import to_json
 from twisted_relay.errors import RelayError
 
 if TYPE_CHECKING:
@@ -330,10 +330,6 @@ def _ending(reason: Failure | None) -> str:
     if reason.check(PotentialDataLoss):
         return "the connection closed with no end marker"
     return "the connection was lost: %s" % (reason.type.__name__,)
-
-
-def _dumps(obj: object) -> bytes:
-    return dumps(obj)
 
 
 def _skip_ungated(buf, start: int, last: int, found: list) -> int:
@@ -667,7 +663,7 @@ class SSEGate(Protocol):
         if not changed:
             return None
         self.events_rewritten += 1
-        return b"event: " + name + b"\ndata: " + _dumps(payload) + b"\n\n"
+        return b"event: " + name + b"\ndata: " + to_json(payload) + b"\n\n"
 
     def _send(self, data: bytes) -> None:
         self.bytes_written += len(data)

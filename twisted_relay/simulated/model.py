@@ -658,7 +658,7 @@ def compose_answer(body: Any, options: ModelOptions) -> dict:
 # -- the SSE stream -----------------------------------------------------------
 
 
-def _dumps(value: Any) -> str:
+def _to_json(value: Any) -> str:
     text = ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False)
     try:
         text.encode("utf-8")
@@ -686,7 +686,7 @@ def _block_events(index: int, block: dict, rng: random.Random) -> Iterator[tuple
         start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
         deltas = [
             {"type": "input_json_delta", "partial_json": piece}
-            for piece in _pieces(_dumps(block["input"]), rng, rng.random() < 0.5)
+            for piece in _pieces(_to_json(block["input"]), rng, rng.random() < 0.5)
         ]
     else:
         # Server-tool results arrive whole in content_block_start.
@@ -734,7 +734,7 @@ def encode_events(events: Sequence[tuple[str, dict]], line_ending: str = "\n") -
         raise ValueError("line_ending must be one of \\n, \\r\\n, \\r")
     chunks, starts, offset = [], [], 0
     for name, data in events:
-        encoded = f"event: {name}{line_ending}data: {_dumps(data)}{line_ending}{line_ending}".encode("utf-8")
+        encoded = f"event: {name}{line_ending}data: {_to_json(data)}{line_ending}{line_ending}".encode("utf-8")
         starts.append(offset)
         chunks.append(encoded)
         offset += len(encoded)

@@ -25,7 +25,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
-from twisted_relay._json import dumps
+from twisted_relay._json import to_json
 from twisted_relay.errors import error_body
 from twisted_relay.logs import bounded
 from twisted_relay.simulated.model import (
@@ -73,7 +73,7 @@ class ReceivedRequest(NamedTuple):
 
 
 def _json(value: Any) -> bytes:
-    return dumps(value)
+    return to_json(value)
 
 
 class SimulatedUpstream:
