@@ -21,12 +21,11 @@ from email.utils import parsedate_to_datetime
 
 import ujson
 from klein import Klein
-from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from twisted_relay._json import to_json
@@ -126,36 +125,6 @@ class RelayApp:
     def messages(self, request):
         """Relay a Messages request, streaming or not."""
         return self._relay(request, "messages", has_body=True, stream_ok=True, translate_answer=True)
-
-    def render_messages(self, request):
-        """
-        ``POST /v1/messages`` without Klein's URL matching, per-request map
-        binding and Deferred wrappers (an eighth of a small request's CPU):
-        the relay's own hot path. It answers as Klein does for the route:
-        the returned body is written and the request finished; a client that
-        leaves cancels the work; a failure nobody handled is Twisted's 500.
-        """
-        finished = []
-        request.notifyFinish().addBoth(finished.append)
-        d = ensureDeferred(self.messages(request))
-        request.notifyFinish().addErrback(lambda _: d.cancel())
-
-        def answer(body):
-            if body is not None:
-                request.write(body)
-            if not finished:
-                request.finish()
-
-        def failed(failure):
-            if finished:
-                if not failure.check(CancelledError):
-                    self.log.failure("Unhandled error relaying a request", failure)
-                return
-            request.processingFailed(failure)
-
-        d.addCallbacks(answer, failed)
-        d.addErrback(lambda failure: self.log.failure("Unhandled error writing an answer", failure))
-        return NOT_DONE_YET
 
     @app.route("/v1/messages/count_tokens", methods=["POST"])
     def count_tokens(self, request):
@@ -617,15 +586,11 @@ class RelayApp:
         )
 
 
-_MESSAGES_PATH = [b"v1", b"messages"]
-
-
 class _RelayResource(Resource):
     """
     The relay's resource: answers a path that is not UTF-8 with an
-    Anthropic-shaped 400 (Klein's own answer is an HTML page), takes
-    ``POST /v1/messages`` straight to the relay, and leaves every other
-    request to Klein.
+    Anthropic-shaped 400 (Klein's own answer is an HTML page), and leaves
+    every other request to Klein's routes.
     """
 
     isLeaf = True
@@ -647,8 +612,6 @@ class _RelayResource(Resource):
             return _whole(request, error.body(request_id))
         # Where the relay is mounted, for the upstream path.
         request.relay_mount = b"/".join(request.prepath)
-        if request.method == b"POST" and request.postpath == _MESSAGES_PATH:
-            return self._relay.render_messages(request)
         return self._klein.render(request)
 
 
