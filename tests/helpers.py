@@ -1,22 +1,35 @@
 """
 Test helpers: the relay wired in memory, and bodies of Messages requests.
 
-The in-memory relay is the real stack: a real ``Agent`` talks to the relay's
-Klein resource over ``iosim`` pumps (``treq.testing.StubTreq``), and the
-relay's own upstream client talks, the same way, to the upstream resource
-given (usually the simulated upstream). Nothing is mocked; only the sockets
-are in memory and time is a ``MemoryReactorClock``.
+The in-memory relay is the production stack with its sockets in memory: the
+relay's own ``RelaySite`` serves its Klein resource, its own
+``UpstreamClient`` (treq, the relay's pool and connections) reaches the
+upstream through an endpoint factory that connects in memory
+(:class:`MemoryNetwork`, over ``twisted.test.iosim`` pumps), and the test
+talks to the relay with treq over a Twisted ``Agent`` the same way. Nothing
+is mocked; time is a ``MemoryReactorClock``.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import ujson
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import fail, succeed
+from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.testing import MemoryReactorClock
-from treq.testing import RequestTraversalAgent, StubTreq
+from twisted.test import iosim
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IAgentEndpointFactory
+from twisted.web.server import Site
+from treq.client import HTTPClient
+from zope.interface import implementer
 
 from twisted_relay.app import RelayApp
 from twisted_relay.config import RelayConfig
-from twisted_relay.upstream import UpstreamClient
+from twisted_relay.site import RelaySite
+from twisted_relay.upstream import UpstreamClient, _BytesProducer
 
 UPSTREAM_URL = "http://upstream.test"
 TOOLS = [
@@ -48,37 +61,107 @@ def encode(body) -> bytes:
     return ujson.dumps(body).encode("utf-8")
 
 
+@implementer(IAgentEndpointFactory)
+class MemoryNetwork:
+    """
+    Servers reached in memory: an endpoint factory (as ``Agent`` and the
+    relay's upstream client take) whose endpoints connect a client protocol
+    to a listening factory through an ``iosim`` pump, one per connection.
+
+    :ivar connections: how many connections were made.
+    """
+
+    def __init__(self, clock):
+        self.clock = clock
+        self._servers: dict[tuple[bytes, int], object] = {}
+        self._pumps: list = []
+        self._ports = itertools.count(40000)
+        self.connections = 0
+
+    def listen(self, host: bytes, port: int, factory) -> None:
+        """Serve ``factory`` at ``host:port``."""
+        factory.doStart()
+        self._servers[(host, port)] = factory
+
+    def endpointForURI(self, uri):
+        """The endpoint of ``uri``'s host and port."""
+        return _MemoryEndpoint(self, uri.host, uri.port)
+
+    def _connect(self, host: bytes, port: int, factory):
+        server_factory = self._servers.get((host, port))
+        if server_factory is None:
+            return fail(ConnectionRefusedError("nothing listens at %r:%d in memory" % (host, port)))
+        server_address = IPv4Address("TCP", "127.0.0.1", port)
+        client_address = IPv4Address("TCP", "127.0.0.1", next(self._ports))
+        client = factory.buildProtocol(server_address)
+        server = server_factory.buildProtocol(client_address)
+        client_io = iosim.FakeTransport(client, False, client_address, server_address)
+        server_io = iosim.FakeTransport(server, True, server_address, client_address)
+        self._pumps.append(iosim.connect(server, server_io, client, client_io, greet=False, clock=self.clock))
+        self.connections += 1
+        return succeed(client)
+
+    def flush(self) -> bool:
+        """Move bytes on every connection until none moves; return whether any did."""
+        moved = False
+        for pump in list(self._pumps):
+            moved |= pump.flush()
+            if pump.clientIO.disconnected and pump.serverIO.disconnected:
+                self._pumps.remove(pump)
+        return moved
+
+
+class _MemoryEndpoint:
+    def __init__(self, network: MemoryNetwork, host: bytes, port: int):
+        self._network, self._host, self._port = network, host, port
+
+    def connect(self, factory):
+        return self._network._connect(self._host, self._port, factory)
+
+
 class InMemoryRelay:
     """
-    A relay in front of an upstream resource, both in memory.
+    A relay in front of an upstream resource, both in memory, each served by
+    a real site (the relay by its own ``RelaySite``).
 
     :ivar clock: the relay's reactor (timers).
-    :ivar stub: a ``StubTreq`` to talk to the relay with.
+    :ivar stub: a ``treq.HTTPClient`` to talk to the relay with.
+    :ivar agent: a bare ``Agent`` to the relay (no cookies, no decoding).
     """
 
     def __init__(self, upstream_resource, config: RelayConfig | None = None, *, dumps=None, clock=None):
         self.clock = clock if clock is not None else MemoryReactorClock()
         self.config = config or RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None)
-        self.upstream_agent = RequestTraversalAgent(upstream_resource)
+        self.network = MemoryNetwork(self.clock)
+        self.network.listen(b"upstream.test", 80, Site(upstream_resource, reactor=self.clock))
         self.client = UpstreamClient(
             self.clock,
             UPSTREAM_URL,
             response_timeout=self.config.response_timeout,
-            agent=self.upstream_agent,
+            endpoint_factory=self.network,
         )
         self.app = RelayApp(self.config, self.client, reactor=self.clock, dumps=dumps)
-        self.stub = StubTreq(self.app.resource())
-        # A bare agent too: treq's client keeps cookies and adds
-        # content-decoding, which some tests must see past.
-        self.agent = RequestTraversalAgent(self.app.resource())
+        self.site = RelaySite(
+            self.app.resource(),
+            max_body=self.config.max_body,
+            request_read_timeout=self.config.request_read_timeout or None,
+            reactor=self.clock,
+        )
+        self.network.listen(b"relay.test", 80, self.site)
+        self.agent = Agent.usingEndpointFactory(
+            self.clock, self.network, pool=HTTPConnectionPool(self.clock, persistent=False)
+        )
+        # Bodies written at once, not by the global reactor's cooperator.
+        self.stub = HTTPClient(self.agent, data_to_body_producer=_BytesProducer)
 
     def flush(self, rounds: int = 30) -> None:
         """Move bytes both ways until nothing is left to move."""
         for _ in range(rounds):
             self.clock.advance(0)
-            self.upstream_agent.flush()
-            self.stub.flush()
-            self.agent.flush()
+            if not self.network.flush():
+                self.clock.advance(0)
+                if not self.network.flush():
+                    break
 
     def post(self, path: str, body, headers=None):
         """Start a POST; the returned Deferred fires after :meth:`flush`."""
@@ -90,8 +173,6 @@ class InMemoryRelay:
     def raw_post(self, path: str, body, headers=None):
         """A POST through the bare agent; fires with an ``IResponse``."""
         from twisted.web.http_headers import Headers
-
-        from twisted_relay.upstream import _BytesProducer
 
         all_headers = Headers({b"content-type": [b"application/json"]})
         for name, values in (headers or {}).items():

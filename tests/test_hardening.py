@@ -69,6 +69,8 @@ class MetricsTests(SynchronousTestCase):
             },
         ]
         d = relay.post("/v1/messages", messages_body(history, stream=True))
+        # The request reaches the relay, which sends it upstream (not answered yet).
+        relay.network.flush()
         during = generate_latest(relay.app.metrics.registry).decode()
         self.assertIn("relay_active_requests 1.0", during)
         relay.flush()

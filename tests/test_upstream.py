@@ -8,6 +8,8 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 from twisted_relay.upstream import UpstreamClient, client_response_headers, upstream_request_headers
 
@@ -260,14 +262,27 @@ class RequestBytesTests(TestCase):
         sent = await self.send("", b"POST", "/v1/messages", body)
         self.assertTrue(sent.endswith(b"\r\n\r\n" + body))
 
-    def test_bad_request_line(self):
-        """A path that would break the request line fails the request, it is never sent."""
-        client = UpstreamClient(reactor, "http://127.0.0.1:%d" % (self.port.getHost().port,))
-        self.addCleanup(client.close)
-        d = client.request(b"POST", "/v1/messages\r\nX-Injected: 1", Headers(), b"{}")
-        failure = self.failureResultOf(d)
-        self.assertEqual(failure.value.status, 502)
-        self.assertEqual(self.requests, [])
+    async def test_bad_request_line(self):
+        """
+        A path that would break the request line never does: treq sends the
+        bytes a URI may not hold percent-encoded, so no header is injected.
+        """
+        sent = await self.send("", b"POST", "/v1/messages\r\nX-Injected: 1", b"{}")
+        self.assertTrue(sent.startswith(b"POST /v1/messages%0D%0AX-Injected:%201 HTTP/1.1\r\n"), sent)
+        self.assertNotIn(b"\r\nX-Injected", sent)
+
+    async def test_no_compression_asked(self):
+        """
+        The relay never asks the upstream for compression (treq's decoding
+        agent would ask for gzip on every request).
+        """
+        sent = await self.send("", b"POST", "/v1/messages", b"{}")
+        self.assertNotIn(b"accept-encoding", sent.lower())
+
+    async def test_fragment_not_sent(self):
+        """A client's ``#fragment`` is its own: the upstream never sees it."""
+        sent = await self.send("", b"GET", "/v1/models?x=1#part", None)
+        self.assertTrue(sent.startswith(b"GET /v1/models?x=1 HTTP/1.1\r\n"), sent)
 
 
 class HostValueTests(SynchronousTestCase):
@@ -289,13 +304,12 @@ class UpstreamEndpointTests(SynchronousTestCase):
         from twisted.internet.testing import MemoryReactorClock
         from twisted.web.client import URI
 
-        from twisted_relay.upstream import _UpstreamEndpoints
+        from twisted_relay.upstream import UpstreamEndpoints
 
         factory = getattr(self, "factory", None)
         if factory is None:
-            factory = self.factory = _UpstreamEndpoints(MemoryReactorClock(), 5.0)
-        uri = URI.fromBytes(url)
-        return factory.endpoint_for(uri.scheme, uri.host, uri.port)
+            factory = self.factory = UpstreamEndpoints(MemoryReactorClock(), 5.0)
+        return factory.endpointForURI(URI.fromBytes(url))
 
     def test_one_endpoint_per_host(self):
         first = self.endpoint(b"http://127.0.0.1:8081/v1/messages")
@@ -316,41 +330,6 @@ class UpstreamEndpointTests(SynchronousTestCase):
         from twisted.web.error import SchemeNotSupported
 
         self.assertRaises(SchemeNotSupported, self.endpoint, b"ftp://127.0.0.1:1/")
-
-
-class PoolTests(SynchronousTestCase):
-    """The relay's pool keeps no connection that is closing, over TCP or TLS."""
-
-    def test_closing_connection_not_kept(self):
-        from twisted.internet.ssl import optionsForClientTLS
-        from twisted.internet.testing import MemoryReactorClock, StringTransport
-        from twisted.protocols.tls import TLSMemoryBIOFactory
-        from twisted.web._newclient import HTTP11ClientProtocol
-
-        from twisted_relay.upstream import _RelayConnectionPool
-
-        pool = _RelayConnectionPool(MemoryReactorClock(), persistent=True)
-        for tls in (False, True):
-            for closing in (False, True):
-                connection = HTTP11ClientProtocol()
-                tcp = StringTransport()
-                tcp.setTcpNoDelay = lambda enabled: None
-                if tls:
-                    # The connection's transport is the TLS layer over the socket.
-                    factory = TLSMemoryBIOFactory(
-                        optionsForClientTLS("upstream.example"), True, Factory.forProtocol(lambda: connection)
-                    )
-                    factory.buildProtocol(None).makeConnection(tcp)
-                else:
-                    connection.makeConnection(tcp)
-                if closing:
-                    # What stopProducing does when a client leaves mid-stream.
-                    tcp.loseConnection()
-                key = (b"https" if tls else b"http", closing)
-                pool._putConnection(key, connection)
-                kept = pool._connections.get(key, [])
-                self.assertEqual(connection in kept, not closing, (tls, closing))
-        pool.closeCachedConnections()
 
 
 class UpstreamTLSTests(TestCase):
@@ -385,77 +364,112 @@ class UpstreamTLSTests(TestCase):
         self.flushLoggedErrors()
 
 
-class PauseLaterTests(SynchronousTestCase):
+class _GzipStream(Resource):
     """
-    Twisted's client pauses the transport once a response's headers are in,
-    until the body is asked for. The relay's connections put that pause off
-    to the end of the reactor turn: never paused when the body is asked for
-    at once, paused before the next read when it is not.
+    An upstream that compresses its SSE answer although nobody asked, each
+    event flushed on its own (``Z_SYNC_FLUSH``), and sends the next event
+    only when the test says so.
     """
 
-    def setUp(self):
-        from twisted.internet.task import Clock
-        from twisted.internet.testing import StringTransport
+    isLeaf = True
 
-        from twisted_relay.upstream import _RelayClientProtocol, _UpstreamRequest
+    def __init__(self, events):
+        super().__init__()
+        self.events = list(events)
+        self.request = None
+        self.received_headers = None
 
-        self.clock = Clock()
-        self.transport = StringTransport()
-        self.protocol = _RelayClientProtocol(lambda protocol: None, self.clock)
-        self.protocol.makeConnection(self.transport)
-        self.responses = []
-        self.on_response = self.responses.append
-        d = self.protocol.request(_UpstreamRequest(b"POST", b"/v1/messages", Headers(), b"{}", b"upstream"))
-        d.addCallback(lambda response: self.on_response(response))
+    def render(self, request):
+        import zlib
 
-    def answer(self):
-        self.protocol.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
+        self.received_headers = request.requestHeaders
+        self.request = request
+        self.compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        request.setHeader(b"content-type", b"text/event-stream")
+        request.setHeader(b"content-encoding", b"gzip")
+        request.write(b"")
+        return NOT_DONE_YET
 
-    def test_body_asked_at_once(self):
-        states = []
+    def send_next(self):
+        import zlib
 
-        def at_once(response):
-            states.append(self.transport.producerState)
-            response.deliverBody(_Collect())
-            self.responses.append(response)
+        event = self.events.pop(0)
+        self.request.write(self.compressor.compress(event) + self.compressor.flush(zlib.Z_SYNC_FLUSH))
+        if not self.events:
+            self.request.write(self.compressor.flush())
+            self.request.finish()
 
-        self.on_response = at_once
-        self.answer()
-        self.assertEqual(len(self.responses), 1)
-        self.clock.advance(0)
-        self.assertEqual(states, ["producing"])
-        self.assertEqual(self.transport.producerState, "producing")
-        self.assertEqual(self.clock.getDelayedCalls(), [])
 
-    def test_pause_again_then_resume(self):
+class _Redirect(Resource):
+    """An upstream that answers every request with a redirect, and counts them."""
+
+    isLeaf = True
+
+    def __init__(self):
+        super().__init__()
+        self.paths = []
+
+    def render(self, request):
+        self.paths.append(request.path)
+        request.setResponseCode(307)
+        request.setHeader(b"location", b"http://upstream.test/elsewhere")
+        request.setHeader(b"content-type", b"application/json")
+        return b'{"moved": true}'
+
+
+class TreqLegTests(SynchronousTestCase):
+    """
+    The upstream leg goes through treq, with what a relay must not do
+    turned off: no redirect followed, no compression asked for (and an
+    answer compressed anyway still streams event by event).
+    """
+
+    def test_redirect_not_followed(self):
         """
-        Paused for real, paused again, resumed: the transport reads again,
-        as with Twisted's own proxy (the second pause pending is dropped).
+        An upstream's 307 reaches the client as it is; the relay never sends
+        the request to the ``Location`` (treq follows redirects by default).
         """
-        self.answer()
-        [response] = self.responses
+        from tests.helpers import InMemoryRelay, messages_body
+
+        upstream = _Redirect()
+        relay = InMemoryRelay(upstream)
+        d = relay.raw_post("/v1/messages", messages_body())
+        relay.flush()
+        response = self.successResultOf(d)
+        self.assertEqual(response.code, 307)
+        self.assertEqual(response.headers.getRawHeaders(b"location"), [b"http://upstream.test/elsewhere"])
+        self.assertEqual(upstream.paths, [b"/v1/messages"])
+
+    def test_compressed_stream_still_streams_event_by_event(self):
+        """
+        The relay asks for no compression; an upstream that gzips its SSE
+        answer anyway is decoded as it comes: each event reaches the client,
+        uncompressed, before the upstream sends the next one.
+        """
+        from tests.helpers import InMemoryRelay, messages_body
+
+        events = [
+            b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+            b'"role":"assistant","content":[],"model":"m","usage":{"input_tokens":1,"output_tokens":0}}}\n\n',
+            b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+            b'"content_block":{"type":"text","text":""}}\n\n',
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+            b'"delta":{"type":"text_delta","text":"Hello"}}\n\n',
+            b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n',
+            b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+        ]
+        upstream = _GzipStream(events)
+        relay = InMemoryRelay(upstream)
+        d = relay.raw_post("/v1/messages", messages_body(stream=True))
+        relay.flush()
+        self.assertIsNone(upstream.received_headers.getRawHeaders(b"accept-encoding"))
+        response = self.successResultOf(d)
+        self.assertEqual(response.code, 200)
+        self.assertIsNone(response.headers.getRawHeaders(b"content-encoding"))
         collector = _Collect()
         response.deliverBody(collector)
-        proxy = self.protocol._transportProxy
-        proxy.pauseProducing()
-        self.clock.advance(0)
-        self.assertEqual(self.transport.producerState, "paused")
-        proxy.pauseProducing()
-        proxy.resumeProducing()
-        self.assertEqual(self.transport.producerState, "producing")
-        self.clock.advance(0)
-        self.assertEqual(self.transport.producerState, "producing")
-
-    def test_body_asked_later(self):
-        self.answer()
-        [response] = self.responses
-        # Still reading until the turn ends; paused before the next read.
-        self.assertEqual(self.transport.producerState, "producing")
-        self.clock.advance(0)
-        self.assertEqual(self.transport.producerState, "paused")
-        collector = _Collect()
-        response.deliverBody(collector)
-        self.assertEqual(self.transport.producerState, "producing")
-        self.protocol.dataReceived(b"hello")
-        self.assertEqual(b"".join(collector.calls), b"hello")
-        self.assertIsInstance(collector.done.result, ResponseDone)
+        for i, event in enumerate(events):
+            upstream.send_next()
+            relay.flush()
+            self.assertEqual(b"".join(collector.calls), b"".join(events[: i + 1]), i)
+        self.assertIsInstance(self.successResultOf(collector.done), ResponseDone)

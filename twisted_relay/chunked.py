@@ -15,12 +15,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from twisted.web.http import (
-    _chunkExtChars,
-    _DataLoss,
-    _MalformedChunkedDataError,
-    maxChunkSizeLineLength,
-)
+from twisted.web.http import maxChunkSizeLineLength
+
+from twisted_relay._twisted import CHUNK_EXTENSION_CHARS, DataLoss, MalformedChunkedData
 
 __all__ = ["CoalescingChunkedDecoder"]
 
@@ -45,9 +42,9 @@ class CoalescingChunkedDecoder:
     :param finishCallback: called once, after the last chunk and the
         trailers, with the bytes that followed the body.
 
-    Malformed input raises Twisted's ``_MalformedChunkedDataError``; a body
-    that ends before its last chunk makes :meth:`noMoreData` raise
-    ``_DataLoss``, as Twisted's decoder does.
+    Malformed input raises Twisted's own error for it; a body that ends
+    before its last chunk makes :meth:`noMoreData` raise Twisted's data-loss
+    error, as Twisted's decoder does (both by way of ``twisted_relay._twisted``).
     """
 
     def __init__(
@@ -110,7 +107,7 @@ class CoalescingChunkedDecoder:
                     self._held = data[pos:]
                     break
                 if data[pos] != 13 or data[pos + 1] != 10:
-                    raise _MalformedChunkedDataError("Chunk did not end with CRLF")
+                    raise MalformedChunkedData("Chunk did not end with CRLF")
                 pos += 2
                 state = _SIZE
             elif state is _SIZE:
@@ -124,7 +121,7 @@ class CoalescingChunkedDecoder:
                 eol = data.find(b"\r\n", pos, pos + maxChunkSizeLineLength + 2)
                 if eol < 0 or eol - pos >= maxChunkSizeLineLength:
                     if eol >= 0 or n - pos > maxChunkSizeLineLength:
-                        raise _MalformedChunkedDataError(
+                        raise MalformedChunkedData(
                             "Chunk size line exceeds maximum of %d bytes." % (maxChunkSizeLineLength,)
                         )
                     self._held = data[pos:]
@@ -158,7 +155,7 @@ class CoalescingChunkedDecoder:
                 while True:
                     append(view[pos:end])
                     if data[end] != 13 or data[end + 1] != 10:
-                        raise _MalformedChunkedDataError("Chunk did not end with CRLF")
+                        raise MalformedChunkedData("Chunk did not end with CRLF")
                     pos = end + 2
                     eol = find(b"\r\n", pos, pos + 10)
                     if eol < 0:
@@ -177,7 +174,7 @@ class CoalescingChunkedDecoder:
                     # What the trailers will hold at least, their CRLF included.
                     least = self._trailer_bytes + (n - pos) + (1 if data.endswith(b"\r") else 2)
                     if least > _MAX_TRAILER_BYTES:
-                        raise _MalformedChunkedDataError("Trailer headers data is too long.")
+                        raise MalformedChunkedData("Trailer headers data is too long.")
                     self._held = data[pos:]
                     break
                 if eol == pos:
@@ -186,7 +183,7 @@ class CoalescingChunkedDecoder:
                 # A trailer field: read and dropped, as Twisted's client does.
                 self._trailer_bytes += eol + 2 - pos
                 if self._trailer_bytes > _MAX_TRAILER_BYTES:
-                    raise _MalformedChunkedDataError("Trailer headers data is too long.")
+                    raise MalformedChunkedData("Trailer headers data is too long.")
                 pos = eol + 2
         self.state = state
         return None
@@ -201,9 +198,9 @@ class CoalescingChunkedDecoder:
             self.dataCallback(b"".join(out))
 
     def noMoreData(self) -> None:
-        """Raise ``_DataLoss`` unless the last chunk has been read."""
+        """Raise ``DataLoss`` unless the last chunk has been read."""
         if self.state is not _FINISHED:
-            raise _DataLoss(
+            raise DataLoss(
                 "Chunked decoder in %r state, still expecting more data to get to "
                 "'FINISHED' state." % (self.state,)
             )
@@ -242,7 +239,7 @@ def _chunk_size(line: bytes) -> int:
     """The size on a chunk size line: strict hex digits, extensions checked and ignored."""
     size, semicolon, extension = line.partition(b";")
     if not size or size.translate(None, _HEX_DIGITS):
-        raise _MalformedChunkedDataError("Chunk-size must be an integer.")
-    if semicolon and extension.translate(None, _chunkExtChars):
-        raise _MalformedChunkedDataError("Invalid characters in chunk extensions: %r." % (extension,))
+        raise MalformedChunkedData("Chunk-size must be an integer.")
+    if semicolon and extension.translate(None, CHUNK_EXTENSION_CHARS):
+        raise MalformedChunkedData("Invalid characters in chunk extensions: %r." % (extension,))
     return int(size, 16)

@@ -12,8 +12,8 @@ from twisted.web.http import HTTPChannel
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request, Site
 
+from twisted_relay import _twisted
 from twisted_relay.errors import RelayError
-from twisted_relay.writethrough import send_now
 
 __all__ = ["RelaySite"]
 
@@ -73,6 +73,9 @@ class _RelayChannel(HTTPChannel):
     """
 
     _read_deadline = None
+    # Whether a whole request has arrived and is not answered yet (tracked
+    # here, not read from Twisted's private state): its deadline is over.
+    _answering = False
 
     def connectionMade(self):
         super().connectionMade()
@@ -104,12 +107,18 @@ class _RelayChannel(HTTPChannel):
 
     def _start_read_deadline(self) -> None:
         timeout = getattr(self.site, "request_read_timeout", None)
-        if timeout and self._read_deadline is None and not self._handlingRequest:
+        if timeout and self._read_deadline is None and not self._answering:
             self._read_deadline = self.callLater(timeout, self._too_slow)
 
     def allContentReceived(self):
         self._cancel_read_deadline()
+        self._answering = True
         super().allContentReceived()
+
+    def requestDone(self, request):
+        # Twisted reads a pipelined request held meanwhile from here on.
+        self._answering = False
+        super().requestDone(request)
 
     def connectionLost(self, reason):
         self._cancel_read_deadline()
@@ -121,7 +130,7 @@ class _RelayChannel(HTTPChannel):
                 self._read_deadline.cancel()
             self._read_deadline = None
 
-    # Writes go out at once when nothing is buffered (writethrough.py). The
+    # Writes go out at once when nothing is buffered (``_twisted.send_now``). The
     # status line and headers wait for the first piece of the body when the
     # request writes one at the same time, so a whole answer leaves in one
     # send.
@@ -162,7 +171,7 @@ class _RelayChannel(HTTPChannel):
             self._held_headers = None
             held.append(data)
             self.writeSequence(held)
-        elif not send_now(self.transport, (data,)):
+        elif not _twisted.send_now(self.transport, (data,)):
             self.transport.write(data)
 
     def writeSequence(self, iovec):
@@ -170,7 +179,7 @@ class _RelayChannel(HTTPChannel):
         if held is not None:
             self._held_headers = None
             iovec = held + list(iovec)
-        if not send_now(self.transport, iovec):
+        if not _twisted.send_now(self.transport, iovec):
             self.transport.writeSequence(iovec)
 
     def _too_slow(self) -> None:
@@ -203,8 +212,9 @@ class RelaySite(Site):
                  timeout: float = 120, **kwargs):
         # The relay reads JSON bodies, never HTML forms: no form parsing,
         # which costs every POST an email.message parse and fails on odd
-        # Content-Type values.
-        kwargs.setdefault("parsePOSTFormSubmission", False)
+        # Content-Type values (where this Twisted lets it be turned off).
+        for name, value in _twisted.site_options().items():
+            kwargs.setdefault(name, value)
         super().__init__(resource, timeout=timeout, **kwargs)
         self.max_body = max_body
         self.request_read_timeout = request_read_timeout

@@ -7,6 +7,7 @@ This module knows Twisted's HTTP client; it knows nothing of tool-use ids or SSE
 
 from __future__ import annotations
 
+from http.cookiejar import CookieJar
 from typing import Iterable
 from urllib.parse import urlsplit
 
@@ -21,30 +22,30 @@ from twisted.internet.endpoints import (
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError, TimeoutError
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
-from twisted.web._newclient import HTTP11ClientProtocol, Request, TransportProxyProducer
 from twisted.web.client import (
+    URI,
+    Agent,
     BrowserLikePolicyForHTTPS,
-    HTTPConnectionPool,
     ResponseDone,
     ResponseFailed,
     ResponseNeverReceived,
-    _HTTP11ClientFactory,
 )
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IResponse
+from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
+from treq.client import HTTPClient
 from zope.interface import implementer
 
-from twisted_relay.chunked import CoalescingChunkedDecoder
+from twisted_relay import _twisted
 from twisted_relay.errors import RelayError
-from twisted_relay.writethrough import send_now
 
 __all__ = [
     "HOP_BY_HOP",
     "display_url",
     "read_body",
     "UpstreamClient",
+    "UpstreamEndpoints",
     "client_response_headers",
     "upstream_request_headers",
 ]
@@ -236,120 +237,11 @@ def read_body(
     return d
 
 
-_TRANSFER_DECODERS = {b"chunked": CoalescingChunkedDecoder}
-
-
-class _PauseLater(TransportProxyProducer):
+@implementer(IAgentEndpointFactory)
+class UpstreamEndpoints:
     """
-    The transport as a response's parser sees it, with its pause put off
-    to the reactor's next run of timed calls.
-
-    Twisted's parser pauses the transport once a response's headers are in,
-    until the body is asked for; the relay always asks at once, in the same
-    turn, so the pause and the resume cost two ``epoll_ctl`` calls for
-    nothing. A pause still pending when the resume comes is dropped; one
-    that is not resumed takes effect with the next timed calls (before the
-    next read, unless the pause itself came from a timed call: then one read
-    may come first, which the body's reader buffers). A resume always
-    resumes, as Twisted's proxy does.
-    """
-
-    _pending = None
-
-    def __init__(self, producer, clock):
-        super().__init__(producer)
-        self._clock = clock
-
-    def pauseProducing(self):
-        if self._pending is None and self._producer is not None:
-            self._pending = self._clock.callLater(0, self._pause_now)
-
-    def _pause_now(self):
-        self._pending = None
-        TransportProxyProducer.pauseProducing(self)
-
-    def resumeProducing(self):
-        if self._pending is not None:
-            self._pending.cancel()
-            self._pending = None
-        TransportProxyProducer.resumeProducing(self)
-
-
-class _RelayClientProtocol(HTTP11ClientProtocol):
-    """
-    Twisted's HTTP/1.1 client connection, reading chunked bodies with the
-    :class:`~twisted_relay.chunked.CoalescingChunkedDecoder` (one callback
-    per read, not one per chunk) and pausing for a body only when it is not
-    asked for at once (:class:`_PauseLater`).
-    """
-
-    def __init__(self, quiescentCallback, clock):
-        super().__init__(quiescentCallback)
-        self._clock = clock
-
-    def request(self, request):
-        d = super().request(request)
-        parser = self._parser
-        # (A request refused because another is in flight leaves that one's parser.)
-        if parser is not None and self._currentRequest is request:
-            # The parser picks its decoder once the headers are in, which is
-            # never before this call returns: no response byte has been read.
-            parser._transferDecoders = _TRANSFER_DECODERS
-            self._transportProxy = parser.transport = _PauseLater(self.transport, self._clock)
-        return d
-
-
-class _QuietClientFactory(_HTTP11ClientFactory):
-    """The pool's connection factory: no log line per connection, coalesced bodies."""
-
-    noisy = False
-
-    def __init__(self, quiescentCallback, metadata, clock):
-        super().__init__(quiescentCallback, metadata)
-        self._clock = clock
-
-    def buildProtocol(self, addr):
-        return _RelayClientProtocol(self._quiescentCallback, self._clock)
-
-
-class _RelayConnectionPool(HTTPConnectionPool):
-    """
-    A persistent pool that never keeps a connection already being closed.
-
-    When a client leaves in the reactor turn in which its upstream body
-    ends, the relay closes that connection while Twisted's HTTP client,
-    seeing a finished response, hands it back to the pool: the next
-    request would be written on a closing socket and cut.
-    """
-
-    def __init__(self, reactor, persistent=True):
-        super().__init__(reactor, persistent)
-        self._factory = lambda callback, metadata: _QuietClientFactory(callback, metadata, reactor)
-
-    def _putConnection(self, key, connection):
-        if _closing(connection.transport):
-            return
-        super()._putConnection(key, connection)
-
-
-def _closing(transport) -> bool:
-    """
-    Whether a connection's transport, or one it wraps, is closing. Over TLS
-    the connection's transport is the TLS layer, which does not hear of a
-    close asked of the TCP transport beneath it (``stopProducing``).
-    """
-    if transport is None:
-        return True
-    while transport is not None:
-        if getattr(transport, "disconnecting", False) or getattr(transport, "_aborting", False):
-            return True
-        transport = getattr(transport, "transport", None)
-    return False
-
-
-class _UpstreamEndpoints:
-    """
-    The endpoint of each upstream host, made once and reused.
+    The endpoint of each upstream host, made once and reused: the upstream
+    client's default endpoint factory (tests give one that connects in memory).
 
     Twisted's ``Agent`` makes a new endpoint per request. An upstream given
     by an IP address is reached with a plain TCP endpoint: ``HostnameEndpoint``
@@ -363,9 +255,9 @@ class _UpstreamEndpoints:
         self._policy = BrowserLikePolicyForHTTPS()
         self._made: dict[tuple[bytes, bytes, int], object] = {}
 
-    def endpoint_for(self, scheme: bytes, host: bytes, port: int):
-        """The endpoint of ``scheme://host:port``, made on first use."""
-        key = (scheme, host, port)
+    def endpointForURI(self, uri: URI):
+        """The endpoint of ``uri``'s scheme, host and port, made on first use."""
+        key = (uri.scheme, uri.host, uri.port)
         endpoint = self._made.get(key)
         if endpoint is None:
             endpoint = self._made[key] = self._make(*key)
@@ -392,18 +284,20 @@ class _UpstreamEndpoints:
 @implementer(IBodyProducer)
 class _BytesProducer:
     """
-    A request body that is already in memory, written in one go.
+    A request body that is already in memory, written in one go: what treq
+    turns the relay's bytes into (``data_to_body_producer``).
 
-    treq wraps bytes in a ``FileBodyProducer``, which hands them out in
-    cooperator-scheduled chunks: latency for nothing when the body is whole.
+    treq's default wraps bytes in a ``FileBodyProducer``, which hands them
+    out in cooperator-scheduled chunks: latency for nothing when the body is
+    whole. The relay's agent writes ``body`` with the request's head.
     """
 
     def __init__(self, body: bytes):
-        self._body = body
+        self.body = body
         self.length = len(body)
 
     def startProducing(self, consumer):
-        consumer.write(self._body)
+        consumer.write(self.body)
         return succeed(None)
 
     def stopProducing(self) -> None:
@@ -416,45 +310,6 @@ class _BytesProducer:
         pass
 
 
-class _UpstreamRequest(Request):
-    """
-    A request whose body is already in memory: request line, headers and
-    body leave in one write (one send when nothing is buffered). Twisted's
-    ``Request`` writes the headers, then hands the body to a producer through
-    a length-checking consumer, with half a dozen Deferreds per request.
-    """
-
-    def __init__(self, method: bytes, uri: bytes, headers: Headers, body: bytes | None, host: bytes):
-        # Twisted's constructor checks the method and the URI for bytes
-        # that would break the request line.
-        super().__init__(method, uri, headers, None, persistent=True)
-        self._body = body
-        self._host = None if headers.hasHeader(b"host") else host
-
-    def writeTo(self, transport):
-        lines = [self.method, b" ", self.uri, b" HTTP/1.1\r\n"]
-        if self._host is not None:
-            lines.extend((b"Host: ", self._host, b"\r\n"))
-        body = self._body
-        if body is not None:
-            lines.append(b"Content-Length: %d\r\n" % (len(body),))
-        elif self.method in (b"POST", b"PUT"):
-            lines.append(b"Content-Length: 0\r\n")
-        for name, values in self.headers.getAllRawHeaders():
-            for value in values:
-                lines.extend((name, b": ", value, b"\r\n"))
-        lines.append(b"\r\n")
-        # The head joined (a few hundred bytes), the body as it is: never copied.
-        pieces = [b"".join(lines), body] if body else [b"".join(lines)]
-        if not send_now(transport, pieces):
-            transport.writeSequence(pieces)
-        return succeed(None)
-
-    def stopWriting(self) -> None:
-        # Never called: writeTo has written everything when it returns.
-        pass
-
-
 def _host_value(scheme: bytes, host: bytes, port: int) -> bytes:
     """The ``Host`` header for an upstream, as Twisted's ``Agent`` computes it."""
     if isIPv6Address(host.decode("ascii", "replace")):
@@ -464,14 +319,113 @@ def _host_value(scheme: bytes, host: bytes, port: int) -> bytes:
     return b"%b:%d" % (host, port)
 
 
+class _NoCookies(CookieJar):
+    """
+    treq's cookie jar, made to keep and send none: one relay serves many
+    clients, and a cookie an upstream sets for one must never reach another.
+    (A client's own ``Cookie`` header passes through like any end-to-end
+    header, and an upstream's ``Set-Cookie`` reaches the client that asked.)
+    """
+
+    def set_cookie(self, cookie) -> None:
+        pass
+
+    def set_cookie_if_ok(self, cookie, request) -> None:
+        pass
+
+    def extract_cookies(self, response, request) -> None:
+        pass
+
+    def make_cookies(self, response, request) -> list:
+        return []
+
+    def add_cookie_header(self, request) -> None:
+        pass
+
+
+# Origins (``scheme://host:port``) whose pool key, endpoint and ``Host``
+# value the agent keeps; a relay talks to one upstream, a few at most.
+_MAX_ORIGINS = 64
+
+
+@implementer(IAgent)
+class _PooledAgent:
+    """
+    The agent under treq: each request goes to the relay's connection pool
+    and is written in one send (``_twisted.one_send_request``), without
+    Twisted's ``Agent``'s per-request URL parsing, endpoint and body-producer
+    Deferreds. Where that path is off, Twisted's ``Agent`` over the same pool
+    and endpoints sends it.
+
+    The relay never asks for compression: it must read the bytes it relays,
+    and an uncompressed stream is never held back by a compressor. treq adds
+    ``Accept-Encoding: gzip`` (its ``ContentDecoderAgent``) to every request;
+    it is removed here. Should an upstream compress anyway, treq's decoder
+    still decodes each read as it comes.
+    """
+
+    def __init__(self, reactor, pool, endpoints):
+        self._pool = pool
+        self._endpoints = endpoints
+        self._origins: dict[bytes, tuple] = {}
+        self._agent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
+
+    def request(self, method, uri, headers=None, bodyProducer=None):
+        if headers is None:
+            headers = Headers()
+        headers.removeHeader(b"accept-encoding")
+        try:
+            slash = uri.find(b"/", uri.find(b"://") + 3)
+            origin, target = (uri, b"/") if slash < 0 else (uri[:slash], uri[slash:])
+            route = self._origins.get(origin)
+            if route is None:
+                route = self._route(origin)
+            key, endpoint, host = route
+            if bodyProducer is None:
+                body = None
+            elif isinstance(bodyProducer, _BytesProducer):
+                body = bodyProducer.body
+            else:
+                return self._agent.request(method, uri, headers, bodyProducer)
+            # A fragment is the client's own business, never sent (nor by Twisted's Agent).
+            request = _twisted.one_send_request(method, target.partition(b"#")[0], headers, body, host)
+        except (ValueError, SchemeNotSupported):
+            return fail()
+        if request is None:
+            return self._agent.request(method, uri, headers, bodyProducer)
+        d = self._pool.getConnection(key, endpoint)
+        d.addCallback(lambda connection: connection.request(request))
+        return d
+
+    def _route(self, origin: bytes) -> tuple:
+        parsed = URI.fromBytes(origin)
+        route = (
+            (parsed.scheme, parsed.host, parsed.port),
+            self._endpoints.endpointForURI(parsed),
+            _host_value(parsed.scheme, parsed.host, parsed.port),
+        )
+        if len(self._origins) >= _MAX_ORIGINS:
+            self._origins.clear()
+        self._origins[origin] = route
+        return route
+
+
 class UpstreamClient:
     """
-    Sends requests to the upstream over one persistent connection pool.
+    Sends requests to the upstream through a ``treq.HTTPClient`` over one
+    persistent connection pool.
+
+    treq is set up as a relay needs it: no cookie kept or sent (a jar that
+    takes none), no redirect followed (the client sees the upstream's 3xx),
+    no compression asked for, and bodies not buffered (``unbuffered=True``:
+    the answer streams to whoever ``deliverBody`` is given).
 
     :param reactor: the reactor (a ``MemoryReactorClock`` in tests).
     :param base_url: the upstream's base URL, e.g. ``https://api.anthropic.com``;
         may be set later (the embedded simulated upstream learns its port
         when it starts listening).
+    :param endpoint_factory: an ``IAgentEndpointFactory`` for the upstream's
+        connections; :class:`UpstreamEndpoints` (TCP, TLS) when ``None``.
     """
 
     log = Logger()
@@ -484,24 +438,24 @@ class UpstreamClient:
         connect_timeout: float = 10.0,
         response_timeout: float = 600.0,
         max_connections: int = 1024,
-        agent=None,
+        endpoint_factory=None,
     ):
         self._reactor = reactor
         self.base_url = base_url
         self.response_timeout = response_timeout
-        self._pool = _RelayConnectionPool(reactor, persistent=True)
+        self._pool = _twisted.connection_pool(reactor)
         self._pool.maxPersistentPerHost = max_connections
         # An idle upstream connection is kept for a while, but not for
         # as long as a typical load balancer keeps it (often 60 s):
         # reusing a connection the far end has already closed costs a retry.
         self._pool.cachedConnectionTimeout = 50
-        # Requests go straight to the pool, not through treq's HTTPClient (a
-        # relay must not keep a cookie jar shared by all its clients, nor
-        # decode gzip it never asked for) nor even Twisted's Agent (which
-        # parses the URL and builds an endpoint per request). ``agent``
-        # replaces all that (tests pass one that talks to a resource in memory).
-        self._endpoints = _UpstreamEndpoints(reactor, connect_timeout)
-        self._agent = agent
+        if endpoint_factory is None:
+            endpoint_factory = UpstreamEndpoints(reactor, connect_timeout)
+        self._http = HTTPClient(
+            _PooledAgent(reactor, self._pool, endpoint_factory),
+            cookiejar=_NoCookies(),
+            data_to_body_producer=_BytesProducer,
+        )
 
     @property
     def base_url(self) -> str | None:
@@ -512,31 +466,18 @@ class UpstreamClient:
     def base_url(self, value: str | None) -> None:
         self._base_url = value.rstrip("/") if value else value
         self.display_url = display_url(self._base_url) if value else value
-        self._route = None
+        self._checked = False
 
-    def _upstream(self) -> tuple:
-        """The pool key, endpoint, ``Host`` value and path prefix of the base URL, worked out once."""
-        route = self._route
-        if route is None:
+    def url_for(self, path_and_query: str) -> str:
+        """The upstream URL for a client's path and query string."""
+        if not self._checked:
             parts = urlsplit(self._base_url)
             if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
                 raise ValueError(
                     "the upstream URL %s may hold no user name, password, query or fragment"
                     % (self.display_url,)
                 )
-            scheme = parts.scheme.encode("ascii")
-            host = (parts.hostname or "").encode("utf-8")
-            port = parts.port or (443 if scheme == b"https" else 80)
-            route = self._route = (
-                (scheme, host, port),
-                self._endpoints.endpoint_for(scheme, host, port),
-                _host_value(scheme, host, port),
-                parts.path,
-            )
-        return route
-
-    def url_for(self, path_and_query: str) -> str:
-        """The upstream URL for a client's path and query string."""
+            self._checked = True
         return self._base_url + path_and_query
 
     def request(
@@ -561,15 +502,17 @@ class UpstreamClient:
         if timeout is None or timeout > self.response_timeout:
             timeout = self.response_timeout
         timed_out = []
-        if self._agent is not None:
-            d = self._agent.request(
-                method,
-                self.url_for(path_and_query).encode("utf-8"),
-                headers,
-                None if body is None else _BytesProducer(body),
+        try:
+            d = self._http.request(
+                method.decode("ascii"),
+                self.url_for(path_and_query),
+                headers=headers,
+                data=body,
+                allow_redirects=False,
+                unbuffered=True,
             )
-        else:
-            d = self._send(method, path_and_query, headers, body)
+        except Exception:
+            d = fail()
 
         def on_timeout() -> None:
             timed_out.append(True)
@@ -592,24 +535,22 @@ class UpstreamClient:
             raise _relay_error_for(failure, self.display_url)
 
         d.addBoth(done)
-        d.addErrback(failed)
-        return d
-
-    def _send(self, method: bytes, path_and_query: str, headers: Headers, body: bytes | None) -> Deferred:
-        # A fragment is the client's own business, never sent (as Twisted's Agent did not).
-        path_and_query = path_and_query.partition("#")[0]
-        try:
-            key, endpoint, host, prefix = self._upstream()
-            request = _UpstreamRequest(method, (prefix + path_and_query).encode("utf-8"), headers, body, host)
-        except (ValueError, SchemeNotSupported):
-            return fail()
-        d = self._pool.getConnection(key, endpoint)
-        d.addCallback(lambda connection: connection.request(request))
+        d.addCallbacks(_without_empty_encoding, failed)
         return d
 
     def close(self) -> Deferred:
         """Close the pooled connections; fires when they are closed."""
         return self._pool.closeCachedConnections()
+
+
+def _without_empty_encoding(response: IResponse) -> IResponse:
+    """
+    The response without the empty ``Content-Encoding`` that treq's decoding
+    agent leaves on every answer that had none.
+    """
+    if response.headers.getRawHeaders(b"content-encoding") == [b""]:
+        response.headers.removeHeader(b"content-encoding")
+    return response
 
 
 def display_url(url: str) -> str:

@@ -1,0 +1,597 @@
+# -*- test-case-name: tests.test_twisted -*-
+"""
+Every use of a private Twisted name, in one place, each one guarded.
+
+The relay leans on a few of Twisted's internals where no public API does
+the job, each for a gain that was measured:
+
+``write_through``
+    Sending at once on a plain TCP connection whose buffer is empty
+    (:func:`send_now`), instead of buffering every write until the reactor
+    says the socket is writable (two ``epoll_ctl`` calls and a reactor turn
+    per write). Reads ``FileDescriptor``'s buffer fields.
+``pool_hooks``
+    The upstream pool's connections built by the relay's own factory (no
+    log line per connection, and the decoder below), and never given back to
+    the pool while they are closing (``HTTPConnectionPool._factory`` and
+    ``_putConnection``).
+``coalescing_decoder``
+    Chunked upstream bodies read with
+    :class:`~twisted_relay.chunked.CoalescingChunkedDecoder`, one callback
+    per read instead of one per chunk (``HTTPClientParser._transferDecoders``,
+    ``HTTP11ClientProtocol._parser``, ``http._DataLoss``). Needs ``pool_hooks``.
+``one_send_request``
+    An upstream request whose body is in memory written in one send, line,
+    headers and body (a subclass of ``twisted.web._newclient.Request``),
+    instead of Twisted's producer machinery (half a dozen Deferreds).
+
+At import each assumption is checked, by name and by behaviour (a probe
+drives the very code path on in-memory transports). One that does not hold
+is switched off, with one log line saying so, and the relay takes Twisted's
+public path instead: plain ``transport.write``, Twisted's own pool,
+connection factory and chunked decoder, Twisted's ``Agent``. A broken
+assumption therefore costs speed, never a corrupted stream.
+``tests.test_twisted`` asserts every assumption holds on the Twisted the
+suite runs on, and runs the relay with all of them switched off.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, fields
+
+from twisted.internet import abstract, tcp
+from twisted.internet.defer import succeed
+from twisted.logger import Logger
+from twisted.web import client as _client
+from twisted.web import http as _http
+from twisted.web.server import Site
+
+__all__ = [
+    "CHUNK_EXTENSION_CHARS",
+    "DataLoss",
+    "MalformedChunkedData",
+    "TwistedChunkedDecoder",
+    "active",
+    "closing",
+    "connection_pool",
+    "one_send_request",
+    "probe",
+    "send_now",
+    "site_options",
+    "use",
+]
+
+_log = Logger(namespace="twisted_relay._twisted")
+
+# Characters allowed in a chunk extension (RFC 9112 7.1.1), as Twisted's
+# decoder allows them: copied, not imported.
+CHUNK_EXTENSION_CHARS = (
+    b"\t !\"#$%&'()*+,-./0123456789:;<=>?@"
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ[]^_`"
+    b"abcdefghijklmnopqrstuvwxyz{|}~" + bytes(range(0x80, 0x100))
+)
+
+# Twisted's chunked decoder and the errors its client parser tells apart: a
+# body cut before its last chunk must raise Twisted's own ``_DataLoss`` for
+# the response to fail as cut. Without them the relay uses Twisted's decoder.
+TwistedChunkedDecoder = getattr(_http, "_ChunkedTransferDecoder", None)
+DataLoss = getattr(_http, "_DataLoss", None)
+MalformedChunkedData = getattr(_http, "_MalformedChunkedDataError", None)
+if DataLoss is None:  # pragma: no cover - only on a Twisted without it
+
+    class DataLoss(Exception):  # type: ignore[no-redef]
+        """Stands in for Twisted's ``_DataLoss`` (the coalescing decoder is then off)."""
+
+
+if MalformedChunkedData is None:  # pragma: no cover - only on a Twisted without it
+
+    class MalformedChunkedData(ValueError):  # type: ignore[no-redef]
+        """Stands in for Twisted's ``_MalformedChunkedDataError``."""
+
+
+try:
+    from twisted.web._newclient import HTTP11ClientProtocol as _HTTP11ClientProtocol
+    from twisted.web._newclient import HTTPClientParser as _HTTPClientParser
+    from twisted.web._newclient import Request as _Request
+except ImportError:  # pragma: no cover - only on a Twisted without them
+    _HTTP11ClientProtocol = _HTTPClientParser = _Request = None
+
+_HTTP11ClientFactory = getattr(_client, "_HTTP11ClientFactory", None)
+
+
+@dataclass
+class Assumptions:
+    """Which of the relay's uses of Twisted internals hold (see the module docstring)."""
+
+    write_through: bool = False
+    pool_hooks: bool = False
+    coalescing_decoder: bool = False
+    one_send_request: bool = False
+
+    def off(self) -> list[str]:
+        """The names of the assumptions that do not hold."""
+        return [f.name for f in fields(self) if not getattr(self, f.name)]
+
+
+# -- write-through -------------------------------------------------------------
+
+_PLAIN_TCP = (tcp.Server, tcp.Client)
+# Pieces sent by one sendmsg before they are joined (the kernel's limit is 1024).
+_MAX_PIECES = 64
+_write_through = False
+
+
+def send_now(transport, iovec) -> bool:
+    """
+    Send ``iovec`` (a list or tuple of bytes) on a plain TCP ``transport``
+    whose buffer is empty, in one ``sendmsg`` (no join); what the socket does
+    not take goes to the transport's buffer. Returns whether ``iovec`` was
+    taken; when not (TLS, a UNIX socket, data already waiting, a closing
+    connection, or the assumption switched off) the caller writes it to the
+    transport as usual.
+    """
+    if (
+        not _write_through
+        or type(transport) not in _PLAIN_TCP
+        or transport.TLS
+        or not transport.connected
+        or transport.disconnecting
+        or transport._aborting
+        or transport._writeDisconnected
+        or transport._tempDataLen
+        or transport.offset != len(transport.dataBuffer)
+    ):
+        return False
+    if type(iovec) not in (list, tuple) or len(iovec) > _MAX_PIECES:
+        iovec = [b"".join(iovec)]
+    total = sum(map(len, iovec))
+    if not total:
+        return True
+    try:
+        sent = transport.socket.sendmsg(iovec)
+    except BlockingIOError:
+        sent = 0
+    except OSError:
+        # Twisted's own write meets the error again and closes the connection.
+        transport.writeSequence(iovec)
+        return True
+    if sent < total:
+        # Leave the rest to the transport, copying only the piece cut in two.
+        for i, piece in enumerate(iovec):
+            if sent < len(piece):
+                transport.writeSequence([piece[sent:], *iovec[i + 1 :]])
+                break
+            sent -= len(piece)
+    return True
+
+
+class _NullReactor:
+    """Just enough of a reactor for a probe's file descriptor."""
+
+    def addWriter(self, writer):
+        pass
+
+    def removeWriter(self, writer):
+        pass
+
+    def addReader(self, reader):
+        pass
+
+    def removeReader(self, reader):
+        pass
+
+
+def _probe_write_through() -> str | None:
+    """
+    ``send_now`` judges "nothing buffered" by ``_tempDataLen == 0`` and
+    ``offset == len(dataBuffer)``: check that these are exactly the bytes a
+    ``FileDescriptor`` holds back, through ``write`` and a partial ``doWrite``.
+    """
+    for cls in _PLAIN_TCP:
+        for name in ("TLS", "_aborting", "_writeDisconnected", "dataBuffer", "offset", "write", "doWrite"):
+            if not hasattr(cls, name):
+                return "%s.%s is gone" % (cls.__name__, name)
+    if "self.socket" not in inspect.getsource(tcp.Connection.__init__):
+        return "tcp.Connection does not keep its socket as .socket"
+
+    taken: list[int] = []
+
+    class Probe(abstract.FileDescriptor):
+        def writeSomeData(self, data):
+            n = taken.pop(0)
+            return n
+
+    def pending(fd) -> int:
+        return fd._tempDataLen + len(fd.dataBuffer) - fd.offset
+
+    fd = Probe(reactor=_NullReactor())
+    fd.connected = 1
+    if pending(fd) != 0 or fd._writeDisconnected:
+        return "a new descriptor does not look empty"
+    fd.write(b"abc")
+    fd.write(b"de")
+    if pending(fd) != 5:
+        return "written bytes are not counted in _tempDataLen"
+    taken.append(2)
+    fd.doWrite()
+    if pending(fd) != 3 or fd.offset == len(fd.dataBuffer):
+        return "a partial send is not kept as dataBuffer[offset:]"
+    taken.append(3)
+    fd.doWrite()
+    if pending(fd) != 0 or fd._tempDataLen or fd.offset != len(fd.dataBuffer):
+        return "an emptied buffer does not look empty"
+    return None
+
+
+# -- the upstream connection pool ----------------------------------------------
+
+
+def closing(transport) -> bool:
+    """
+    Whether a connection's transport, or one it wraps, is closing. Over TLS
+    the connection's transport is the TLS layer, which does not hear of a
+    close asked of the TCP transport beneath it (``stopProducing``).
+    """
+    if transport is None:
+        return True
+    while transport is not None:
+        if getattr(transport, "disconnecting", False) or getattr(transport, "_aborting", False):
+            return True
+        transport = getattr(transport, "transport", None)
+    return False
+
+
+_pool_hooks = False
+_coalescing_decoder = False
+_one_send_request = False
+
+
+def _transfer_decoders():
+    from twisted_relay.chunked import CoalescingChunkedDecoder
+
+    return {b"chunked": CoalescingChunkedDecoder}
+
+
+if _HTTP11ClientProtocol is not None and _HTTP11ClientFactory is not None:
+
+    class _RelayClientProtocol(_HTTP11ClientProtocol):
+        """
+        Twisted's HTTP/1.1 client connection, reading chunked bodies with the
+        coalescing decoder (one callback per read, not one per chunk).
+        """
+
+        _decoders = None
+
+        def request(self, request):
+            d = super().request(request)
+            decoders = self._decoders
+            parser = self._parser
+            # (A request refused because another is in flight leaves that one's parser.)
+            if decoders is not None and parser is not None and self._currentRequest is request:
+                # The parser picks its decoder once the headers are in, which is
+                # never before this call returns: no response byte has been read.
+                parser._transferDecoders = decoders
+            return d
+
+    class _QuietClientFactory(_HTTP11ClientFactory):
+        """The pool's connection factory: no log line per connection."""
+
+        noisy = False
+        decoders = None
+
+        def buildProtocol(self, addr):
+            protocol = _RelayClientProtocol(self._quiescentCallback)
+            protocol._decoders = self.decoders
+            return protocol
+
+    class _RelayConnectionPool(_client.HTTPConnectionPool):
+        """
+        A persistent pool that never keeps a connection already being closed.
+
+        When a client leaves in the reactor turn in which its upstream body
+        ends, the relay closes that connection while Twisted's HTTP client,
+        seeing a finished response, hands it back to the pool: the next
+        request would be written on a closing socket and cut.
+        """
+
+        def __init__(self, reactor, persistent=True, decoders=None):
+            super().__init__(reactor, persistent)
+
+            def factory(callback, metadata):
+                made = _QuietClientFactory(callback, metadata)
+                made.decoders = decoders
+                return made
+
+            self._factory = factory
+
+        def _putConnection(self, key, connection):
+            if closing(connection.transport):
+                return
+            super()._putConnection(key, connection)
+
+else:  # pragma: no cover - only on a Twisted without them
+    _RelayConnectionPool = None
+
+
+def connection_pool(reactor):
+    """
+    The upstream connection pool: the relay's own when ``pool_hooks`` hold
+    (with the coalescing decoder when that holds too), else Twisted's.
+    """
+    if _pool_hooks:
+        return _RelayConnectionPool(
+            reactor, persistent=True, decoders=_transfer_decoders() if _coalescing_decoder else None
+        )
+    return _client.HTTPConnectionPool(reactor, persistent=True)
+
+
+if _Request is not None:
+
+    class _OneSendRequest(_Request):
+        """
+        A request whose body is already in memory: request line, headers and
+        body leave in one write (one send when nothing is buffered).
+        """
+
+        def __init__(self, method: bytes, uri: bytes, headers, body: bytes | None, host: bytes | None):
+            # Twisted's constructor checks the method and the URI for bytes
+            # that would break the request line.
+            super().__init__(method, uri, headers, None, persistent=True)
+            self._body = body
+            self._host = None if headers.hasHeader(b"host") else host
+
+        def writeTo(self, transport):
+            lines = [self.method, b" ", self.uri, b" HTTP/1.1\r\n"]
+            if self._host is not None:
+                lines.extend((b"Host: ", self._host, b"\r\n"))
+            body = self._body
+            if body is not None:
+                lines.append(b"Content-Length: %d\r\n" % (len(body),))
+            elif self.method in (b"POST", b"PUT"):
+                lines.append(b"Content-Length: 0\r\n")
+            for name, values in self.headers.getAllRawHeaders():
+                for value in values:
+                    lines.extend((name, b": ", value, b"\r\n"))
+            lines.append(b"\r\n")
+            # The head joined (a few hundred bytes), the body as it is: never copied.
+            pieces = [b"".join(lines), body] if body else [b"".join(lines)]
+            if not send_now(transport, pieces):
+                transport.writeSequence(pieces)
+            return succeed(None)
+
+        def stopWriting(self) -> None:
+            # Never called: writeTo has written everything when it returns.
+            pass
+
+
+def one_send_request(method: bytes, uri: bytes, headers, body: bytes | None, host: bytes):
+    """
+    A request for a pooled connection's ``request()`` that writes itself in
+    one send, or ``None`` when ``one_send_request`` does not hold (the caller
+    then sends through Twisted's ``Agent``).
+    """
+    if not _one_send_request:
+        return None
+    return _OneSendRequest(method, uri, headers, body, host)
+
+
+class _Collect:
+    """A body reader for the probes."""
+
+    def __init__(self):
+        self.data: list[bytes] = []
+        self.reason = None
+
+    def makeConnection(self, transport):
+        pass
+
+    def dataReceived(self, data):
+        self.data.append(data)
+
+    def connectionLost(self, reason):
+        self.reason = reason
+
+
+def _exchange(pool_decoders, request, answer: bytes):
+    """
+    Drive one request and answer through a connection of the relay's pool;
+    return (bytes sent, body parts read, the body's end, whether the pool
+    took the connection back through ``_putConnection``).
+    """
+    from twisted.internet.task import Clock
+    from twisted.internet.testing import StringTransport
+
+    taken_back = []
+
+    class Pool(_RelayConnectionPool):
+        def _putConnection(self, key, connection):
+            taken_back.append(connection)
+            super()._putConnection(key, connection)
+
+    pool = Pool(Clock(), persistent=True, decoders=pool_decoders)
+    transport = StringTransport()
+    made = []
+
+    class Endpoint:
+        def connect(self, factory):
+            protocol = factory.buildProtocol(None)
+            protocol.makeConnection(transport)
+            made.append(protocol)
+            return succeed(protocol)
+
+    responses = []
+    pool.getConnection(("probe",), Endpoint()).addCallback(lambda connection: connection.request(request)).addBoth(
+        responses.append
+    )
+    made[0].dataReceived(answer)
+    collect = _Collect()
+    response = responses[0]
+    if not hasattr(response, "deliverBody"):
+        raise AssertionError("no response: %r" % (response,))
+    response.deliverBody(collect)
+    closed = _client.HTTPConnectionPool.closeCachedConnections(pool)
+    del closed
+    return transport.value(), collect.data, collect.reason, made[0], taken_back
+
+
+def _probe_pool_hooks() -> str | None:
+    if _RelayConnectionPool is None or _Request is None:
+        return "twisted.web._newclient or _HTTP11ClientFactory is gone"
+    pool_init = inspect.signature(_client.HTTPConnectionPool.__init__).parameters
+    if "reactor" not in pool_init or not hasattr(_client.HTTPConnectionPool, "_putConnection"):
+        return "HTTPConnectionPool has no _putConnection"
+    if getattr(_client.HTTPConnectionPool, "_factory", None) is not _HTTP11ClientFactory:
+        return "HTTPConnectionPool._factory is not _HTTP11ClientFactory"
+    from twisted.web.http_headers import Headers
+
+    request = _Request(b"GET", b"/", Headers({b"host": [b"probe"]}), None, persistent=True)
+    sent, data, reason, protocol, taken_back = _exchange(
+        None, request, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    )
+    if type(protocol) is not _RelayClientProtocol:
+        return "the pool does not build connections with _factory"
+    if not sent.startswith(b"GET / HTTP/1.1\r\n") or b"".join(data) != b"ok":
+        return "a request through the relay's pool was not exchanged"
+    if taken_back != [protocol]:
+        return "a finished connection is not given back through _putConnection"
+    if not reason.check(_client.ResponseDone):
+        return "the body did not end with ResponseDone"
+    return None
+
+
+def _probe_coalescing_decoder() -> str | None:
+    if TwistedChunkedDecoder is None or getattr(_http, "_DataLoss", None) is None:
+        return "twisted.web.http's chunked decoder or _DataLoss is gone"
+    if _HTTPClientParser is None or getattr(_HTTPClientParser, "_transferDecoders", {}).get(b"chunked") is not (
+        TwistedChunkedDecoder
+    ):
+        return "HTTPClientParser._transferDecoders is not the decoder table"
+    try:
+        TwistedChunkedDecoder(lambda data: None, lambda rest: None).noMoreData()
+    except DataLoss:
+        pass
+    except Exception:
+        return "Twisted's decoder does not raise _DataLoss for a cut body"
+    else:
+        return "Twisted's decoder does not raise _DataLoss for a cut body"
+    from twisted.web.http_headers import Headers
+
+    used = []
+
+    class Marked(TwistedChunkedDecoder):
+        def __init__(self, *args):
+            used.append(True)
+            super().__init__(*args)
+
+    request = _Request(b"GET", b"/", Headers({b"host": [b"probe"]}), None, persistent=True)
+    sent, data, reason, protocol, taken_back = _exchange(
+        {b"chunked": Marked},
+        request,
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+    )
+    if not used or b"".join(data) != b"abcde":
+        return "the client parser did not read the body with the decoder the relay set"
+    if not reason.check(_client.ResponseDone):
+        return "a chunked body read with the decoder the relay set did not end with ResponseDone"
+    return None
+
+
+def _probe_one_send_request() -> str | None:
+    if _Request is None or _RelayConnectionPool is None:
+        return "twisted.web._newclient.Request is gone"
+    from twisted.web.http_headers import Headers
+
+    request = _OneSendRequest(b"POST", b"/p?q=1", Headers({b"x-a": [b"1"]}), b"body", b"probe")
+    sent, data, reason, protocol, taken_back = _exchange(
+        None, request, b"HTTP/1.1 201 Created\r\nContent-Length: 1\r\n\r\nx"
+    )
+    expected = b"POST /p?q=1 HTTP/1.1\r\nHost: probe\r\nContent-Length: 4\r\nX-A: 1\r\n\r\nbody"
+    if sent != expected:
+        return "the request was not written by writeTo as it is (%r)" % (sent,)
+    if data != [b"x"] or not reason.check(_client.ResponseDone):
+        return "the answer to a one-send request was not read"
+    return None
+
+
+# -- the server side ------------------------------------------------------------
+
+
+def site_options() -> dict:
+    """
+    ``Site`` keyword arguments the relay sets where this Twisted has them: no
+    form parsing of request bodies (``parsePOSTFormSubmission``, Twisted 25.5
+    and later; before it, Twisted parses a form body, which the relay never
+    receives from Messages clients).
+    """
+    if "parsePOSTFormSubmission" in inspect.signature(Site.__init__).parameters:
+        return {"parsePOSTFormSubmission": False}
+    return {}
+
+
+# -- checking and choosing ----------------------------------------------------
+
+_PROBES = {
+    "write_through": _probe_write_through,
+    "pool_hooks": _probe_pool_hooks,
+    "coalescing_decoder": _probe_coalescing_decoder,
+    "one_send_request": _probe_one_send_request,
+}
+_NEEDS = {"coalescing_decoder": "pool_hooks", "one_send_request": "pool_hooks"}
+
+
+def probe() -> tuple[Assumptions, dict[str, str]]:
+    """
+    Check every assumption on the Twisted imported now; return which hold,
+    and why each of the others does not.
+    """
+    held = Assumptions()
+    why: dict[str, str] = {}
+    for name, check in _PROBES.items():
+        need = _NEEDS.get(name)
+        if need is not None and not getattr(held, need):
+            why[name] = "needs %s" % (need,)
+            continue
+        try:
+            problem = check()
+        except Exception as e:  # a probe that breaks is an assumption that does not hold
+            problem = "the probe failed: %s: %s" % (type(e).__name__, e)
+        if problem is None:
+            setattr(held, name, True)
+        else:
+            why[name] = problem
+    return held, why
+
+
+_active = Assumptions()
+
+
+def use(assumptions: Assumptions) -> Assumptions:
+    """Switch the relay's uses of Twisted internals to ``assumptions``; return those in use before."""
+    global _active, _write_through, _pool_hooks, _coalescing_decoder, _one_send_request
+    before = _active
+    _active = assumptions
+    _write_through = assumptions.write_through
+    _pool_hooks = assumptions.pool_hooks
+    _coalescing_decoder = assumptions.coalescing_decoder and assumptions.pool_hooks
+    _one_send_request = assumptions.one_send_request and assumptions.pool_hooks
+    return before
+
+
+def active() -> Assumptions:
+    """The assumptions in use."""
+    return _active
+
+
+def _start() -> None:
+    held, why = probe()
+    for name, problem in why.items():
+        _log.warn(
+            "Twisted internals: {assumption} is off, the relay takes Twisted's public path instead ({why})",
+            assumption=name,
+            why=problem,
+        )
+    use(held)
+
+
+_start()
