@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.http import _ChunkedTransferDecoder, _DataLoss, _MalformedChunkedDataError
+from twisted_relay._twisted import DataLoss, MalformedChunkedData, TwistedChunkedDecoder
 
 from twisted_relay.chunked import CoalescingChunkedDecoder
 
@@ -29,13 +29,13 @@ def _run(decoder_class, reads):
             break
         try:
             decoder.dataReceived(read)
-        except (_MalformedChunkedDataError, RuntimeError) as e:
+        except (MalformedChunkedData, RuntimeError) as e:
             error = type(e)
             break
     try:
         decoder.noMoreData()
         complete = True
-    except _DataLoss:
+    except DataLoss:
         complete = False
     return calls, (finished[0] if finished else None), error, complete
 
@@ -104,18 +104,18 @@ class NamedCases(SynchronousTestCase):
             b"0\r\n" + b"x: " + b"y" * 70000,  # endless trailers
         ]
         for wire in cases:
-            for decoder_class in (CoalescingChunkedDecoder, _ChunkedTransferDecoder):
+            for decoder_class in (CoalescingChunkedDecoder, TwistedChunkedDecoder):
                 _, rest, error, _ = _run(decoder_class, [wire])
-                self.assertIs(error, _MalformedChunkedDataError, (decoder_class, wire))
+                self.assertIs(error, MalformedChunkedData, (decoder_class, wire))
                 self.assertIsNone(rest)
 
     def test_trailer_limit_as_twisted(self):
         """Trailers of exactly the limit pass, one byte more fails, wherever the read is cut."""
-        for extra, error in ((0, None), (1, _MalformedChunkedDataError)):
+        for extra, error in ((0, None), (1, MalformedChunkedData)):
             line = b"x: " + b"y" * (2**16 - 2 - 3 + extra)
             wire = b"0\r\n" + line + b"\r\n\r\n"
             cut = 3 + len(line) + 1  # just after the trailer's CR
-            for decoder_class in (CoalescingChunkedDecoder, _ChunkedTransferDecoder):
+            for decoder_class in (CoalescingChunkedDecoder, TwistedChunkedDecoder):
                 _, rest, got, complete = _run(decoder_class, [wire[:cut], wire[cut:]])
                 self.assertIs(got, error, (decoder_class, extra))
                 self.assertEqual(complete, error is None)
@@ -140,7 +140,7 @@ class NamedCases(SynchronousTestCase):
             wire = _encode(pieces) + b"NEXT"
             for reads in ([wire], [wire[:5000], wire[5000:]], [wire[:7], wire[7:]]):
                 ours = _run(CoalescingChunkedDecoder, reads)
-                theirs = _run(_ChunkedTransferDecoder, reads)
+                theirs = _run(TwistedChunkedDecoder, reads)
                 self.assertEqual(b"".join(ours[0]), b"".join(pieces), label)
                 self.assertEqual(ours[1:], theirs[1:], label)
                 self.assertEqual(ours[1], b"NEXT", label)
@@ -155,8 +155,8 @@ class NamedCases(SynchronousTestCase):
         at = damaged.index(b"\r\n", 2000)
         damaged[at] = ord("X")
         ours = _run(CoalescingChunkedDecoder, [bytes(damaged)])
-        theirs = _run(_ChunkedTransferDecoder, [bytes(damaged)])
-        self.assertIs(ours[2], _MalformedChunkedDataError)
+        theirs = _run(TwistedChunkedDecoder, [bytes(damaged)])
+        self.assertIs(ours[2], MalformedChunkedData)
         self.assertEqual(ours[1:], theirs[1:])
         self.assertEqual(b"".join(ours[0]), b"".join(theirs[0]))
 
@@ -173,7 +173,7 @@ class NamedCases(SynchronousTestCase):
 
     def test_half_a_crlf_waits(self):
         """The first byte of a chunk's CRLF alone is judged only with the second, as in Twisted."""
-        for decoder_class in (CoalescingChunkedDecoder, _ChunkedTransferDecoder):
+        for decoder_class in (CoalescingChunkedDecoder, TwistedChunkedDecoder):
             self.assertEqual(_run(decoder_class, [b"1\r\n\r\n"])[1:], (None, None, False), decoder_class)
 
     def test_data_after_finish(self):
@@ -201,7 +201,7 @@ class AgreesWithTwisted(SynchronousTestCase):
     def test_valid_bodies(self, pieces, trailers, extension, tail, cuts):
         reads = _split(_encode(pieces, trailers, extension) + tail, cuts)
         ours = _run(CoalescingChunkedDecoder, reads)
-        theirs = _run(_ChunkedTransferDecoder, reads)
+        theirs = _run(TwistedChunkedDecoder, reads)
         self.assertEqual(b"".join(ours[0]), b"".join(pieces))
         self.assertEqual(b"".join(ours[0]), b"".join(theirs[0]))
         self.assertEqual(ours[1:], theirs[1:])
@@ -224,6 +224,6 @@ class AgreesWithTwisted(SynchronousTestCase):
         wire[at : at + len(junk)] = junk
         reads = _split(bytes(wire), cuts)
         ours = _run(CoalescingChunkedDecoder, reads)
-        theirs = _run(_ChunkedTransferDecoder, reads)
+        theirs = _run(TwistedChunkedDecoder, reads)
         self.assertEqual(ours[1:], theirs[1:])
         self.assertEqual(b"".join(ours[0]), b"".join(theirs[0]))

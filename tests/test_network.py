@@ -11,7 +11,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
-from twisted.web.http import _ChunkedTransferDecoder
+from twisted_relay._twisted import TwistedChunkedDecoder
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 from zope.interface import implementer
@@ -249,7 +249,7 @@ class FlowControlTests(NetworkTestMixin, TestCase):
         head, _, framed = raw.partition(b"\r\n\r\n")
         self.assertIn(b"Transfer-Encoding: chunked", head)
         decoded, ended = [], []
-        decoder = _ChunkedTransferDecoder(decoded.append, ended.append)
+        decoder = TwistedChunkedDecoder(decoded.append, ended.append)
         decoder.dataReceived(framed)
         self.assertEqual(ended, [b""])
         self.assertEqual(b"".join(decoded), MESSAGE_START + DELTA * (producer.produced // len(DELTA)) + REST)

@@ -468,7 +468,7 @@ class TreqLegTests(SynchronousTestCase):
         self.assertIsNone(response.headers.getRawHeaders(b"content-encoding"))
         collector = _Collect()
         response.deliverBody(collector)
-        for i, event in enumerate(events):
+        for i in range(len(events)):
             upstream.send_next()
             relay.flush()
             self.assertEqual(b"".join(collector.calls), b"".join(events[: i + 1]), i)

@@ -77,6 +77,31 @@ class ReusePortTests(TestCase):
         self.assertRaises(ValueError, listen_reuseport, reactor, "unix:/tmp/relay-test.sock", Factory())
 
 
+class TCPPartsTests(SynchronousTestCase):
+    """Workers read ``tcp:``/``tcp6:`` endpoint strings themselves, as Twisted reads them."""
+
+    def test_forms(self):
+        """Positional and named parts, escapes and defaults give the address to bind."""
+        from twisted_relay.workers import tcp_listen_parts
+
+        cases = {
+            "tcp:8080": (socket.AF_INET, 8080, "", 50),
+            "tcp:port=8080:interface=127.0.0.1": (socket.AF_INET, 8080, "127.0.0.1", 50),
+            "tcp6:8443:interface=\\:\\:1:backlog=100": (socket.AF_INET6, 8443, "::1", 100),
+            "tcp:0:127.0.0.1:7": (socket.AF_INET, 0, "127.0.0.1", 7),
+            "tcp:backlog=5:port=1": (socket.AF_INET, 1, "", 5),
+        }
+        for description, expected in cases.items():
+            self.assertEqual(tcp_listen_parts(description), expected, description)
+
+    def test_refused(self):
+        """Other endpoints, and malformed ones, are refused with a ValueError."""
+        from twisted_relay.workers import tcp_listen_parts
+
+        for description in ("unix:/tmp/x.sock", "ssl:443", "tcp:", "tcp:1:a:2:3", "tcp:1:nope=2", "tcp:x"):
+            self.assertRaises(ValueError, tcp_listen_parts, description)
+
+
 class WorkerConfigTests(SynchronousTestCase):
     def test_round_trip(self):
         """A worker gets the whole configuration, tuples and all."""

@@ -190,8 +190,10 @@ def _probe_write_through() -> str | None:
     """
     for cls in _PLAIN_TCP:
         for name in ("TLS", "_aborting", "_writeDisconnected", "dataBuffer", "offset", "write", "doWrite"):
-            if not hasattr(cls, name):
+            if not _has(cls, name):
                 return "%s.%s is gone" % (cls.__name__, name)
+    if _hidden & {"_tempDataLen", "socket"}:
+        return "FileDescriptor._tempDataLen or Connection.socket is hidden"
     if "self.socket" not in inspect.getsource(tcp.Connection.__init__):
         return "tcp.Connection does not keep its socket as .socket"
 
@@ -436,13 +438,17 @@ def _exchange(pool_decoders, request, answer: bytes):
 
 
 def _probe_pool_hooks() -> str | None:
-    if _RelayConnectionPool is None or _Request is None:
+    if _RelayConnectionPool is None or _Request is None or "_HTTP11ClientFactory" in _hidden:
         return "twisted.web._newclient or _HTTP11ClientFactory is gone"
     pool_init = inspect.signature(_client.HTTPConnectionPool.__init__).parameters
-    if "reactor" not in pool_init or not hasattr(_client.HTTPConnectionPool, "_putConnection"):
+    if "reactor" not in pool_init or not _has(_client.HTTPConnectionPool, "_putConnection"):
         return "HTTPConnectionPool has no _putConnection"
-    if getattr(_client.HTTPConnectionPool, "_factory", None) is not _HTTP11ClientFactory:
+    if not _has(_client.HTTPConnectionPool, "_factory") or _client.HTTPConnectionPool._factory is not (
+        _HTTP11ClientFactory
+    ):
         return "HTTPConnectionPool._factory is not _HTTP11ClientFactory"
+    if not _has(_HTTP11ClientFactory(None, None), "_quiescentCallback"):
+        return "_HTTP11ClientFactory keeps no _quiescentCallback"
     from twisted.web.http_headers import Headers
 
     request = _Request(b"GET", b"/", Headers({b"host": [b"probe"]}), None, persistent=True)
@@ -461,12 +467,16 @@ def _probe_pool_hooks() -> str | None:
 
 
 def _probe_coalescing_decoder() -> str | None:
-    if TwistedChunkedDecoder is None or getattr(_http, "_DataLoss", None) is None:
+    if TwistedChunkedDecoder is None or not _has(_http, "_DataLoss") or "_ChunkedTransferDecoder" in _hidden:
         return "twisted.web.http's chunked decoder or _DataLoss is gone"
-    if _HTTPClientParser is None or getattr(_HTTPClientParser, "_transferDecoders", {}).get(b"chunked") is not (
-        TwistedChunkedDecoder
+    if (
+        _HTTPClientParser is None
+        or not _has(_HTTPClientParser, "_transferDecoders")
+        or _HTTPClientParser._transferDecoders.get(b"chunked") is not TwistedChunkedDecoder
     ):
         return "HTTPClientParser._transferDecoders is not the decoder table"
+    if _hidden & {"_parser", "_currentRequest"}:
+        return "HTTP11ClientProtocol._parser or _currentRequest is hidden"
     try:
         TwistedChunkedDecoder(lambda data: None, lambda rest: None).noMoreData()
     except DataLoss:
@@ -498,7 +508,7 @@ def _probe_coalescing_decoder() -> str | None:
 
 
 def _probe_one_send_request() -> str | None:
-    if _Request is None or _RelayConnectionPool is None:
+    if _Request is None or _RelayConnectionPool is None or "_newclient.Request" in _hidden:
         return "twisted.web._newclient.Request is gone"
     from twisted.web.http_headers import Headers
 
@@ -540,11 +550,39 @@ _PROBES = {
 _NEEDS = {"coalescing_decoder": "pool_hooks", "one_send_request": "pool_hooks"}
 
 
-def probe() -> tuple[Assumptions, dict[str, str]]:
+#: Every private Twisted name the relay uses (``probe(hide=...)`` takes these).
+PRIVATE_NAMES = frozenset(
+    {
+        "_aborting", "_writeDisconnected", "_tempDataLen", "dataBuffer", "offset", "socket",
+        "_HTTP11ClientFactory", "_factory", "_putConnection", "_quiescentCallback",
+        "_ChunkedTransferDecoder", "_DataLoss", "_transferDecoders", "_parser", "_currentRequest",
+        "_newclient.Request",
+    }
+)  # fmt: skip
+_hidden: frozenset = frozenset()
+
+
+def _has(obj, name: str) -> bool:
+    return name not in _hidden and hasattr(obj, name)
+
+
+def probe(hide=()) -> tuple[Assumptions, dict[str, str]]:
     """
     Check every assumption on the Twisted imported now; return which hold,
     and why each of the others does not.
+
+    :param hide: names of :data:`PRIVATE_NAMES` to check as if Twisted had
+        none of them (as a release that renamed them would).
     """
+    global _hidden
+    _hidden = frozenset(hide)
+    try:
+        return _probe_all()
+    finally:
+        _hidden = frozenset()
+
+
+def _probe_all() -> tuple[Assumptions, dict[str, str]]:
     held = Assumptions()
     why: dict[str, str] = {}
     for name, check in _PROBES.items():

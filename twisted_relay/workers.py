@@ -56,15 +56,7 @@ def listen_reuseport(reactor, description: str, factory):
     :raises ValueError: for any other kind of endpoint.
     :raises OSError: when the address cannot be bound.
     """
-    endpoint = serverFromString(reactor, description)
-    if isinstance(endpoint, TCP6ServerEndpoint):
-        family = socket.AF_INET6
-    elif isinstance(endpoint, TCP4ServerEndpoint):
-        family = socket.AF_INET
-    else:
-        raise ValueError("Workers share tcp: and tcp6: endpoints only, not %r." % (description,))
-    # The endpoint's parsed parts: Twisted keeps them as attributes.
-    port, interface, backlog = endpoint._port, endpoint._interface, endpoint._backlog
+    family, port, interface, backlog = tcp_listen_parts(description)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -78,10 +70,55 @@ def listen_reuseport(reactor, description: str, factory):
         sock.close()
 
 
+_TCP_PARAMETERS = ("port", "interface", "backlog")
+
+
+def tcp_listen_parts(description: str) -> tuple[int, int, str, int]:
+    """
+    The address family, port, interface and backlog of a ``tcp:`` or
+    ``tcp6:`` server endpoint string, read as Twisted reads it: parts split
+    at ``:``, ``\\`` escapes the next character, ``name=value`` or positional
+    in the order port, interface, backlog (default 50).
+
+    :raises ValueError: for any other kind of endpoint, or a malformed one.
+    """
+    parts: list[list[str]] = [[""]]
+    chars = iter(description)
+    for char in chars:
+        if char == "\\":
+            parts[-1][-1] += next(chars, "")
+        elif char == ":":
+            parts.append([""])
+        elif char == "=" and len(parts[-1]) == 1:
+            parts[-1].append("")
+        else:
+            parts[-1][-1] += char
+    kind = parts[0][0]
+    if len(parts[0]) != 1 or kind not in ("tcp", "tcp6"):
+        raise ValueError("Workers share tcp: and tcp6: endpoints only, not %r." % (description,))
+    values: dict[str, str] = {}
+    positional = 0
+    for part in parts[1:]:
+        if len(part) == 2:
+            name, value = part
+        elif positional < len(_TCP_PARAMETERS):
+            name, value = _TCP_PARAMETERS[positional], part[0]
+            positional += 1
+        else:
+            raise ValueError("Too many parts in the endpoint %r." % (description,))
+        if name not in _TCP_PARAMETERS or name in values:
+            raise ValueError("Unknown or repeated %r in the endpoint %r." % (name, description))
+        values[name] = value
+    if "port" not in values:
+        raise ValueError("No port in the endpoint %r." % (description,))
+    family = socket.AF_INET6 if kind == "tcp6" else socket.AF_INET
+    return family, int(values["port"]), values.get("interface", ""), int(values.get("backlog", 50))
+
+
 def _description(listener: "ReusePortListener") -> str:
     """A ``tcp:``/``tcp6:`` endpoint string for the address a listener is bound to."""
     address = listener.port.getHost()
-    backlog = serverFromString(listener._reactor, listener.description)._backlog
+    backlog = tcp_listen_parts(listener.description)[3]
     if address.type == "TCP6":
         return "tcp6:%d:interface=%s:backlog=%d" % (address.port, address.host.replace(":", "\\:"), backlog)
     return "tcp:%d:interface=%s:backlog=%d" % (address.port, address.host, backlog)

@@ -1,0 +1,189 @@
+"""
+The contract between the relay and the Twisted internals it uses
+(``twisted_relay._twisted``): each assumption holds on the Twisted the suite
+runs on, each one that does not is switched off, and with all of them off
+the relay still relays correctly through Twisted's public path.
+
+This module, with ``_twisted`` itself, is where private Twisted names may
+appear: it checks them.
+"""
+
+from __future__ import annotations
+
+import ujson
+from twisted.internet import reactor
+from twisted.internet.protocol import Factory
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web import client as web_client
+from twisted.web import http
+from twisted.web.server import Site
+
+from twisted_relay import _twisted
+from twisted_relay.config import RelayConfig
+from twisted_relay.simulated import SimulatedUpstream
+
+from tests.helpers import encode, messages_body
+
+
+class ContractTests(SynchronousTestCase):
+    """
+    Every assumption the relay makes of Twisted's internals holds here. A
+    Twisted release that breaks one fails this test (the relay itself would
+    fall back to the public path and only log it).
+    """
+
+    def test_all_hold(self):
+        """The probes find every assumption true on this Twisted, and the relay uses them all."""
+        held, why = _twisted.probe()
+        self.assertEqual(why, {})
+        self.assertEqual(held.off(), [])
+        self.assertEqual(_twisted.active(), held)
+
+    def test_write_through(self):
+        """
+        ``FileDescriptor`` holds back exactly ``dataBuffer[offset:]`` and
+        ``_tempDataLen`` bytes (``send_now`` sends only when both are empty).
+        """
+        self.assertIsNone(_twisted._probe_write_through())
+
+    def test_pool_hooks(self):
+        """The pool builds connections with ``_factory`` and takes them back through ``_putConnection``."""
+        self.assertIsNone(_twisted._probe_pool_hooks())
+
+    def test_coalescing_decoder(self):
+        """
+        The client parser reads a chunked body with the decoder in
+        ``_transferDecoders`` set after ``request()``; a cut body is ``_DataLoss``.
+        """
+        self.assertIsNone(_twisted._probe_coalescing_decoder())
+
+    def test_one_send_request(self):
+        """A ``Request`` subclass's ``writeTo`` writes the request, and its answer is read."""
+        self.assertIsNone(_twisted._probe_one_send_request())
+
+    def test_copied_constant(self):
+        """The chunk-extension characters copied from Twisted are still Twisted's."""
+        self.assertEqual(_twisted.CHUNK_EXTENSION_CHARS, http._chunkExtChars)
+
+    def test_each_name_guards(self):
+        """Hiding any one private name switches off what relies on it, and nothing else."""
+        relies = {
+            "write_through": {"_aborting", "_writeDisconnected", "_tempDataLen", "dataBuffer", "offset", "socket"},
+            "pool_hooks": {"_HTTP11ClientFactory", "_factory", "_putConnection", "_quiescentCallback"},
+            "coalescing_decoder": {"_ChunkedTransferDecoder", "_DataLoss", "_transferDecoders", "_parser",
+                                   "_currentRequest"},
+            "one_send_request": {"_newclient.Request"},
+        }
+        self.assertEqual(set().union(*relies.values()), set(_twisted.PRIVATE_NAMES))
+        for name in _twisted.PRIVATE_NAMES:
+            held, why = _twisted.probe(hide=[name])
+            expected = {assumption for assumption, names in relies.items() if name in names}
+            if "pool_hooks" in expected:
+                expected |= {"coalescing_decoder", "one_send_request"}
+            self.assertEqual(set(held.off()), expected, name)
+            self.assertEqual(set(why), expected, name)
+
+    def test_pool_keeps_no_closing_connection(self):
+        """The relay's pool keeps no connection that is closing, over TCP or TLS."""
+        from twisted.internet.ssl import optionsForClientTLS
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+
+        pool = _twisted.connection_pool(MemoryReactorClock())
+        self.assertIsInstance(pool, _twisted._RelayConnectionPool)
+        for tls in (False, True):
+            for closing in (False, True):
+                connection = _twisted._HTTP11ClientProtocol()
+                tcp = StringTransport()
+                tcp.setTcpNoDelay = lambda enabled: None
+                if tls:
+                    # The connection's transport is the TLS layer over the socket.
+                    factory = TLSMemoryBIOFactory(
+                        optionsForClientTLS("upstream.example"), True, Factory.forProtocol(lambda: connection)
+                    )
+                    factory.buildProtocol(None).makeConnection(tcp)
+                else:
+                    connection.makeConnection(tcp)
+                if closing:
+                    # What stopProducing does when a client leaves mid-stream.
+                    tcp.loseConnection()
+                key = (b"https" if tls else b"http", closing)
+                pool._putConnection(key, connection)
+                kept = pool._connections.get(key, [])
+                self.assertEqual(connection in kept, not closing, (tls, closing))
+        pool.closeCachedConnections()
+
+
+class FallbackTests(TestCase):
+    """
+    With every private name hidden (as on a Twisted that renamed them all),
+    the relay takes Twisted's public path and still relays correctly, over
+    real sockets.
+    """
+
+    def setUp(self):
+        held, why = _twisted.probe(hide=_twisted.PRIVATE_NAMES)
+        self.assertEqual(set(why), {"write_through", "pool_hooks", "coalescing_decoder", "one_send_request"})
+        before = _twisted.use(held)
+        self.addCleanup(_twisted.use, before)
+
+    async def test_relays_through_the_public_path(self):
+        """
+        Streamed and whole answers, tool-use ids translated, arrive intact
+        through Twisted's pool, decoder and ``Agent`` and plain writes; the
+        pool's connection is reused.
+        """
+        import treq
+
+        from twisted_relay.service import Relay, RelaySite
+
+        sim = SimulatedUpstream(mode="strict", seed=2, reuse_every=1)
+        upstream_port = reactor.listenTCP(0, Site(sim.resource()), interface="127.0.0.1")
+        self.addCleanup(upstream_port.stopListening)
+        config = RelayConfig(
+            listen=(), upstream="http://127.0.0.1:%d" % (upstream_port.getHost().port,), dump_dir=None
+        )
+        relay = Relay(config, reactor)
+        relay.service.startService()
+        self.addCleanup(relay.service.stopService)
+        self.assertIs(type(relay.client._pool), web_client.HTTPConnectionPool)
+        self.assertFalse(_twisted.send_now(object(), [b"x"]))
+        self.assertIsNone(_twisted.one_send_request(b"GET", b"/", None, None, b"h"))
+        port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        url = "http://127.0.0.1:%d/v1/messages" % (port.getHost().port,)
+
+        # The upstream copies the history's id into its answer (reuse_every=1):
+        # the client must get it translated, in streams and whole answers.
+        history = [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_01AAAAAAAAAAAAAAAAAAAAAA", "name": "get_weather", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01AAAAAAAAAAAAAAAAAAAAAA", "content": "ok"}]},
+        ]  # fmt: skip
+        for stream in (True, False, True):
+            response = await treq.post(
+                url,
+                data=encode(messages_body(history, stream=stream)),
+                headers={"content-type": ["application/json"]},
+                persistent=False,
+            )
+            self.assertEqual(response.code, 200)
+            body = await treq.content(response)
+            if stream:
+                events = [e for e in body.split(b"\n\n") if e]
+                self.assertTrue(events[0].startswith(b"event: message_start\n"), events[0])
+                self.assertTrue(events[-1].startswith(b"event: message_stop\n"), events[-1])
+                blocks = [
+                    ujson.loads(e.split(b"data: ", 1)[1])["content_block"]
+                    for e in events
+                    if e.startswith(b"event: content_block_start\n")
+                ]
+            else:
+                message = ujson.loads(body)
+                self.assertEqual(message["type"], "message")
+                blocks = message["content"]
+            ids = [block["id"] for block in blocks if block["type"] == "tool_use"]
+            self.assertEqual(ids, ["toolu_01AAAAAAAAAAAAAAAAAAAAAA-2"])
+        self.assertEqual(len(sim.requests), 3)
