@@ -548,3 +548,36 @@ class StreamingTests(RelayTestMixin, SynchronousTestCase):
         payload = ujson.loads(tail.split("data: ", 1)[1])
         self.assertEqual(payload["type"], "error")
         self.assertEqual(payload["error"]["type"], "api_error")
+
+
+class DeadlineTests(RelayTestMixin, SynchronousTestCase):
+    """
+    ``total_timeout`` is one deadline for the whole request: whatever the
+    request waits on when it comes ends with a 504.
+    """
+
+    def test_deadline_during_a_retry_pause(self):
+        """
+        An upstream that keeps answering 529: the relay waits between
+        retries, but never past the deadline; the client gets a 504
+        ``timeout_error`` when it comes, not the 529 after a longer wait.
+        """
+        upstream = FixedAnswer(
+            529,
+            b'{"type":"error","error":{"type":"overloaded_error","message":"busy"}}',
+            [(b"content-type", b"application/json")],
+        )
+        relay = self.relay(upstream, retries=3, total_timeout=1.0)
+        d = relay.post("/v1/messages", messages_body())
+        relay.flush()
+        # Sent at 0, again after 0.5 s; the next pause (1 s) outlasts the deadline.
+        for _ in range(3):
+            relay.clock.advance(0.25)
+            relay.flush()
+        self.assertNoResult(d)
+        relay.clock.advance(0.25)
+        relay.flush()
+        response = self.successResultOf(d)
+        body = self.assertAnthropicError(relay, response, 504, "timeout_error", ["longer than 1 seconds"])
+        self.assertTrue(body)
+        self.assertEqual(len(upstream.received), 2)

@@ -124,22 +124,22 @@ class RelayApp:
     @app.route("/v1/messages", methods=["POST"])
     def messages(self, request):
         """Relay a Messages request, streaming or not."""
-        return self._relay(request, "messages", has_body=True, stream_ok=True, translate_answer=True)
+        return self._relay(request, _MESSAGES)
 
     @app.route("/v1/messages/count_tokens", methods=["POST"])
     def count_tokens(self, request):
         """Relay a token count; the upstream counts the history it would see."""
-        return self._relay(request, "count_tokens", has_body=True, stream_ok=False, translate_answer=False)
+        return self._relay(request, _COUNT_TOKENS)
 
     @app.route("/v1/models", methods=["GET"])
     def models(self, request):
         """Relay the model list."""
-        return self._relay(request, "models", has_body=False, stream_ok=False, translate_answer=False)
+        return self._relay(request, _MODELS)
 
     @app.route("/v1/models/<path:model_id>", methods=["GET"])
     def model(self, request, model_id):
         """Relay one model's description."""
-        return self._relay(request, "models", has_body=False, stream_ok=False, translate_answer=False)
+        return self._relay(request, _MODELS)
 
     @app.route("/", methods=["HEAD"])
     @app.route("/api/hello", methods=["HEAD", "GET"])
@@ -293,157 +293,8 @@ class RelayApp:
             raise RelayError(400, "messages: Field required and must be a list.")
         return body
 
-    async def _relay(self, request, route: str, *, has_body: bool, stream_ok: bool, translate_answer: bool):
-        request_id = _new_request_id()
-        request.setHeader(RELAY_REQUEST_ID_HEADER, request_id.encode("ascii"))
-        started = self._reactor.seconds()
-        outcome = _Outcome()
-        # Fires (with None, whatever happened) once the request is finished
-        # or its connection lost.
-        settled = request.notifyFinish()
-        settled.addErrback(lambda _: None)
-        self._begin(request)
-        try:
-            return await self._relay_admitted(
-                request, route, request_id, started, outcome, has_body, stream_ok, translate_answer
-            )
-        except CancelledError:
-            outcome.status = _CLIENT_GONE
-            # The client's transport stops the stream before the request
-            # hears of the lost connection; wait until it has, so Klein knows
-            # the request is gone and does not treat the cancellation as a
-            # failure to render.
-            if not settled.called:
-                await settled
-            raise
-        except Exception:
-            self.log.failure("Unexpected failure relaying {relay_request_id}", relay_request_id=request_id)
-            outcome.status, outcome.error = 500, "internal relay error"
-            if request.startedWriting:
-                raise
-            _clear_headers(request)
-            return self._error(request, RelayError(500, "Internal relay error."), request_id)
-        finally:
-            self._end(request)
-            status = outcome.status or request.code
-            self.metrics.labelled(self.metrics.requests, route, str(status)).inc()
-            self.log.info(
-                "{method} {path} {status} {duration_ms}ms ({relay_request_id})",
-                method=request.method.decode("ascii", "replace"),
-                path=request.path.decode("utf-8", "replace"),
-                status=status,
-                duration_ms=round((self._reactor.seconds() - started) * 1000.0, 1),
-                relay_request_id=request_id,
-                stream=outcome.stream,
-                error=None if outcome.error is None else bounded(outcome.error, 1000),
-            )
-
-    async def _relay_admitted(
-        self, request, route, request_id, started, outcome, has_body, stream_ok, translate_answer
-    ):
-        config = self._config
-        received_at = time.time()
-        raw = upstream_body = translation = body = None
-        try:
-            self._admit(request)
-            if has_body:
-                raw = self._read_body(request)
-                body = self._parse_messages_body(raw)
-                translation = translate_request(body, config.upstream_ids)
-                self._note_repairs(request_id, translation)
-                upstream_body = to_json(translation.upstream_body) if translation.changed else raw
-            headers = upstream_request_headers(
-                request.requestHeaders, config.upstream_key, strip_credentials=bool(self._relay_keys)
-            )
-            path = _upstream_path(request)
-            response = await self._send(route, request.method, path, headers, upstream_body, started)
-        except RelayError as e:
-            outcome.error = e.message
-            return self._error(request, e, request_id)
-
-        exchange = _Exchange(
-            request_id, received_at, self._client.display_url + path, request.requestHeaders,
-            raw, headers, upstream_body, translation,
-        )
-        request.setResponseCode(response.code)
-        _set_headers(request, client_response_headers(response.headers))
-        content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
-        if (
-            stream_ok
-            and body.get("stream") is True
-            and response.code < 300
-            and content_type.startswith(b"text/event-stream")
-        ):
-            outcome.stream = True
-            await self._stream(request, response, exchange, route, started, outcome)
-            return None
-        try:
-            deadline = started + config.total_timeout if config.total_timeout else None
-            answer = await self._read_upstream_body(response, deadline)
-        except RelayError as e:
-            # Headers have been set but nothing written: a plain error still fits.
-            _clear_headers(request)
-            outcome.error = e.message
-            return self._error(request, e, request_id)
-        if 400 <= response.code < 500 and translation is not None:
-            self._dump(exchange, response, answer)
-        elif response.code < 300 and translate_answer:
-            answer = self._translate_answer(answer, translation, request_id)
-        self.metrics.labelled(self.metrics.time_to_first_byte, route, "false").observe(self._reactor.seconds() - started)
-        return _whole(request, answer)
-
-    async def _send(self, route, method, path, headers, body, started):
-        """
-        Send upstream; send again after a failure that reached no client
-        byte, as ``retries`` and ``retry_statuses`` allow.
-        """
-        config = self._config
-        attempt = 0
-        while True:
-            sent = self._reactor.seconds()
-            timeout = None
-            if config.total_timeout:
-                timeout = max(0.001, config.total_timeout - (sent - started))
-            try:
-                response = await self._client.request(method, path, headers, body, timeout=timeout)
-            except RelayError as e:
-                if e.kind in _RETRYABLE_KINDS and attempt < config.retries:
-                    attempt += 1
-                    await self._retry_pause(attempt, None, e.message)
-                    continue
-                self.metrics.upstream_errors.labels(e.kind or "other").inc()
-                raise
-            self.metrics.labelled(self.metrics.upstream_latency, route).observe(self._reactor.seconds() - sent)
-            if (
-                response.code in config.retry_statuses
-                and (response.code == 429 or response.code >= 500)
-                and attempt < config.retries
-            ):
-                delay = _retry_after(response.headers)
-                if delay is None or delay <= config.max_retry_wait:
-                    attempt += 1
-                    # Read the refused answer, so its connection goes back to the pool.
-                    try:
-                        await read_body(response, self._reactor, config.idle_timeout or None)
-                    except RelayError:
-                        pass
-                    await self._retry_pause(attempt, delay, "status %d" % (response.code,))
-                    continue
-            return response
-
-    def _retry_pause(self, attempt: int, delay: float | None, why: str) -> Deferred:
-        if delay is None:
-            delay = min(8.0, 0.5 * 2 ** (attempt - 1))
-        self.metrics.retries.inc()
-        self.log.info("Retrying upstream request ({why}), attempt {attempt} in {delay}s", why=why, attempt=attempt + 1, delay=delay)
-        return deferLater(self._reactor, delay, lambda: None)
-
-    async def _read_upstream_body(self, response, deadline: float | None = None) -> bytes:
-        try:
-            return await read_body(response, self._reactor, self._config.idle_timeout or None, deadline)
-        except RelayError as e:
-            self.metrics.upstream_errors.labels(e.kind).inc()
-            raise
+    def _relay(self, request, route: "_Route"):
+        return _RelayedRequest(self, request, route).run()
 
     def _translate_answer(self, answer: bytes, translation, request_id: str) -> bytes:
         try:
@@ -458,74 +309,6 @@ class RelayApp:
         for rewrite in responder.rewrites:
             self._note_rewrite(request_id, rewrite)
         return to_json(message)
-
-    async def _stream(self, request, response, exchange: "_Exchange", route, started, outcome) -> None:
-        config = self._config
-        metrics = self.metrics
-        first_byte = [True]
-
-        def write(data: bytes) -> None:
-            if first_byte[0] and data:
-                first_byte[0] = False
-                metrics.labelled(metrics.time_to_first_byte, route, "true").observe(self._reactor.seconds() - started)
-            request.write(data)
-
-        def on_error_event(payload: dict) -> None:
-            error = payload.get("error") if isinstance(payload, dict) else None
-            if isinstance(error, dict) and error.get("type") in _CLIENT_ERROR_TYPES:
-                self._dump(exchange, response, None, stream_error=payload)
-
-        gate = SSEGate(
-            write,
-            exchange.translation.response(),
-            clock=self._reactor,
-            idle_timeout=config.idle_timeout or None,
-            ping_interval=config.ping_interval or None,
-            on_rewrite=lambda rewrite: self._note_rewrite(exchange.request_id, rewrite),
-            on_error_event=on_error_event,
-        )
-        request.setHeader(b"cache-control", b"no-cache")
-        request.setHeader(b"x-accel-buffering", b"no")
-        # Send the status line and headers now: the client knows at once
-        # that the stream has begun.
-        request.write(b"")
-        request.registerProducer(gate, True)
-        response.deliverBody(gate)
-        over_time = []
-        timer = None
-        if config.total_timeout:
-            def too_long():
-                over_time.append(True)
-                gate.stopProducing()
-
-            timer = self._reactor.callLater(max(0.0, config.total_timeout - (self._reactor.seconds() - started)), too_long)
-        metrics.active_streams.inc()
-        try:
-            await gate.done
-        except RelayError as e:
-            outcome.error = e.message
-            metrics.upstream_errors.labels(e.kind or "stream").inc()
-            self.log.warn(
-                "Stream {relay_request_id} ended with an error: {message}",
-                relay_request_id=exchange.request_id,
-                message=e.message,
-            )
-            request.write(e.sse_event())
-        except CancelledError:
-            if not over_time:
-                raise
-            error = RelayError(
-                504, "The request took longer than %g seconds, the relay's limit." % (config.total_timeout,),
-                kind="total_timeout",
-            )
-            outcome.error = error.message
-            metrics.upstream_errors.labels(error.kind).inc()
-            request.write(error.sse_event())
-        finally:
-            metrics.active_streams.dec()
-            if timer is not None and timer.active():
-                timer.cancel()
-            request.unregisterProducer()
 
     # -- side effects -----------------------------------------------------
 
@@ -629,13 +412,287 @@ class _Exchange:
     translation: object
 
 
-@dataclass(slots=True)
-class _Outcome:
-    """What the request log line and the metrics say of one request."""
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """What a relayed route does: its name in logs and metrics, whether it reads a Messages body, and how it answers."""
 
-    status: int | None = None
-    stream: bool = False
-    error: str | None = None
+    name: str
+    has_body: bool
+    stream_ok: bool
+    translate_answer: bool
+
+
+_MESSAGES = _Route("messages", has_body=True, stream_ok=True, translate_answer=True)
+_COUNT_TOKENS = _Route("count_tokens", has_body=True, stream_ok=False, translate_answer=False)
+_MODELS = _Route("models", has_body=False, stream_ok=False, translate_answer=False)
+
+
+class _RelayedRequest:
+    """
+    One client request on its way through the relay, from admission to the
+    last byte of its answer: what it sent upstream, what became of it (for
+    the request's log line and metrics) and its deadline.
+
+    The deadline (``total_timeout``) is one timer for the whole request: it
+    cancels whatever the request waits on when it fires (the upstream's
+    headers, a retry's pause, a whole body or a stream), and that wait
+    fails with a 504 ``total_timeout`` error.
+    """
+
+    def __init__(self, relay: RelayApp, request, route: _Route):
+        self.relay = relay
+        self.request = request
+        self.route = route
+        self.id = _new_request_id()
+        self.started = relay._reactor.seconds()
+        # What the log line and the metrics say.
+        self.status: int | None = None
+        self.stream = False
+        self.error: str | None = None
+        self._waiting: Deferred | None = None
+        self._over_time = False
+        self._deadline_call = None
+
+    async def run(self):
+        """Relay the request; return the answer's body, or ``None`` once it has been streamed."""
+        relay, request = self.relay, self.request
+        request.setHeader(RELAY_REQUEST_ID_HEADER, self.id.encode("ascii"))
+        # Fires (with None, whatever happened) once the request is finished
+        # or its connection lost.
+        settled = request.notifyFinish()
+        settled.addErrback(lambda _: None)
+        relay._begin(request)
+        if relay._config.total_timeout:
+            self._deadline_call = relay._reactor.callLater(relay._config.total_timeout, self._too_long)
+        try:
+            return await self._relay()
+        except CancelledError:
+            self.status = _CLIENT_GONE
+            # The client's transport stops the stream before the request
+            # hears of the lost connection; wait until it has, so Klein knows
+            # the request is gone and does not treat the cancellation as a
+            # failure to render.
+            if not settled.called:
+                await settled
+            raise
+        except Exception:
+            relay.log.failure("Unexpected failure relaying {relay_request_id}", relay_request_id=self.id)
+            self.status, self.error = 500, "internal relay error"
+            if request.startedWriting:
+                raise
+            _clear_headers(request)
+            return relay._error(request, RelayError(500, "Internal relay error."), self.id)
+        finally:
+            if self._deadline_call is not None and self._deadline_call.active():
+                self._deadline_call.cancel()
+            relay._end(request)
+            self._log()
+
+    # -- the deadline ---------------------------------------------------------
+
+    def _too_long(self) -> None:
+        self._deadline_call = None
+        self._over_time = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def _wait(self, d: Deferred):
+        """
+        Wait for ``d``. When the deadline cancels it, fail with the 504
+        ``total_timeout`` error instead of ``CancelledError``.
+        """
+        if self._over_time:
+            d.cancel()
+        self._waiting = d
+        try:
+            return await d
+        except CancelledError:
+            if self._over_time:
+                raise RelayError(
+                    504,
+                    "The request took longer than %g seconds, the relay's limit."
+                    % (self.relay._config.total_timeout,),
+                    kind="total_timeout",
+                ) from None
+            raise
+        finally:
+            self._waiting = None
+
+    # -- the work ---------------------------------------------------------------
+
+    async def _relay(self):
+        relay, request, route = self.relay, self.request, self.route
+        config = relay._config
+        received_at = time.time()
+        raw = upstream_body = translation = body = None
+        try:
+            relay._admit(request)
+            if route.has_body:
+                raw = relay._read_body(request)
+                body = relay._parse_messages_body(raw)
+                translation = translate_request(body, config.upstream_ids)
+                relay._note_repairs(self.id, translation)
+                upstream_body = to_json(translation.upstream_body) if translation.changed else raw
+            headers = upstream_request_headers(
+                request.requestHeaders, config.upstream_key, strip_credentials=bool(relay._relay_keys)
+            )
+            path = _upstream_path(request)
+            response = await self._send(request.method, path, headers, upstream_body)
+        except RelayError as e:
+            self.error = e.message
+            return relay._error(request, e, self.id)
+
+        exchange = _Exchange(
+            self.id, received_at, relay._client.display_url + path, request.requestHeaders,
+            raw, headers, upstream_body, translation,
+        )
+        request.setResponseCode(response.code)
+        _set_headers(request, client_response_headers(response.headers))
+        content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
+        if (
+            route.stream_ok
+            and body.get("stream") is True
+            and response.code < 300
+            and content_type.startswith(b"text/event-stream")
+        ):
+            self.stream = True
+            await self._stream(response, exchange)
+            return None
+        try:
+            answer = await self._read_whole(response)
+        except RelayError as e:
+            # Headers have been set but nothing written: a plain error still fits.
+            _clear_headers(request)
+            self.error = e.message
+            return relay._error(request, e, self.id)
+        if 400 <= response.code < 500 and translation is not None:
+            relay._dump(exchange, response, answer)
+        elif response.code < 300 and route.translate_answer:
+            answer = relay._translate_answer(answer, translation, self.id)
+        metrics = relay.metrics
+        metrics.labelled(metrics.time_to_first_byte, route.name, "false").observe(
+            relay._reactor.seconds() - self.started
+        )
+        return _whole(request, answer)
+
+    async def _send(self, method, path, headers, body):
+        """
+        Send upstream; send again after a failure that reached no client
+        byte, as ``retries`` and ``retry_statuses`` allow.
+        """
+        relay = self.relay
+        config, clock, metrics = relay._config, relay._reactor, relay.metrics
+        attempt = 0
+        while True:
+            sent = clock.seconds()
+            try:
+                response = await self._wait(relay._client.request(method, path, headers, body))
+            except RelayError as e:
+                if e.kind in _RETRYABLE_KINDS and attempt < config.retries:
+                    attempt += 1
+                    await self._retry_pause(attempt, None, e.message)
+                    continue
+                metrics.upstream_errors.labels(e.kind or "other").inc()
+                raise
+            metrics.labelled(metrics.upstream_latency, self.route.name).observe(clock.seconds() - sent)
+            if (
+                response.code in config.retry_statuses
+                and (response.code == 429 or response.code >= 500)
+                and attempt < config.retries
+            ):
+                delay = _retry_after(response.headers)
+                if delay is None or delay <= config.max_retry_wait:
+                    attempt += 1
+                    # Read the refused answer, so its connection goes back to the pool.
+                    try:
+                        await self._wait(read_body(response, clock, config.idle_timeout or None))
+                    except RelayError as e:
+                        if e.kind == "total_timeout":
+                            raise
+                    await self._retry_pause(attempt, delay, "status %d" % (response.code,))
+                    continue
+            return response
+
+    async def _retry_pause(self, attempt: int, delay: float | None, why: str) -> None:
+        if delay is None:
+            delay = min(8.0, 0.5 * 2 ** (attempt - 1))
+        relay = self.relay
+        relay.metrics.retries.inc()
+        relay.log.info(
+            "Retrying upstream request ({why}), attempt {attempt} in {delay}s", why=why, attempt=attempt + 1, delay=delay
+        )
+        await self._wait(deferLater(relay._reactor, delay, lambda: None))
+
+    async def _read_whole(self, response) -> bytes:
+        relay = self.relay
+        try:
+            return await self._wait(read_body(response, relay._reactor, relay._config.idle_timeout or None))
+        except RelayError as e:
+            relay.metrics.upstream_errors.labels(e.kind).inc()
+            raise
+
+    async def _stream(self, response, exchange: "_Exchange") -> None:
+        relay, request, route = self.relay, self.request, self.route
+        config, clock, metrics = relay._config, relay._reactor, relay.metrics
+        first_byte = [True]
+
+        def write(data: bytes) -> None:
+            if first_byte[0] and data:
+                first_byte[0] = False
+                metrics.labelled(metrics.time_to_first_byte, route.name, "true").observe(clock.seconds() - self.started)
+            request.write(data)
+
+        def on_error_event(payload: dict) -> None:
+            error = payload.get("error") if isinstance(payload, dict) else None
+            if isinstance(error, dict) and error.get("type") in _CLIENT_ERROR_TYPES:
+                relay._dump(exchange, response, None, stream_error=payload)
+
+        gate = SSEGate(
+            write,
+            exchange.translation.response(),
+            clock=clock,
+            idle_timeout=config.idle_timeout or None,
+            ping_interval=config.ping_interval or None,
+            on_rewrite=lambda rewrite: relay._note_rewrite(exchange.request_id, rewrite),
+            on_error_event=on_error_event,
+        )
+        request.setHeader(b"cache-control", b"no-cache")
+        request.setHeader(b"x-accel-buffering", b"no")
+        # Send the status line and headers now: the client knows at once
+        # that the stream has begun.
+        request.write(b"")
+        request.registerProducer(gate, True)
+        response.deliverBody(gate)
+        metrics.active_streams.inc()
+        try:
+            await self._wait(gate.done)
+        except RelayError as e:
+            self.error = e.message
+            metrics.upstream_errors.labels(e.kind or "stream").inc()
+            relay.log.warn(
+                "Stream {relay_request_id} ended with an error: {message}",
+                relay_request_id=exchange.request_id,
+                message=e.message,
+            )
+            request.write(e.sse_event())
+        finally:
+            metrics.active_streams.dec()
+            request.unregisterProducer()
+
+    def _log(self) -> None:
+        relay, request = self.relay, self.request
+        status = self.status or request.code
+        relay.metrics.labelled(relay.metrics.requests, self.route.name, str(status)).inc()
+        relay.log.info(
+            "{method} {path} {status} {duration_ms}ms ({relay_request_id})",
+            method=request.method.decode("ascii", "replace"),
+            path=request.path.decode("utf-8", "replace"),
+            status=status,
+            duration_ms=round((relay._reactor.seconds() - self.started) * 1000.0, 1),
+            relay_request_id=self.id,
+            stream=self.stream,
+            error=None if self.error is None else bounded(self.error, 1000),
+        )
 
 
 def _method_and_path(request) -> tuple[str, str]:

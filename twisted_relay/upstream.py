@@ -140,28 +140,17 @@ class _BodyReader(Protocol):
     upstream is silent for ``idle_timeout`` seconds.
     """
 
-    def __init__(self, done: Deferred, clock, idle_timeout: float | None, deadline: float | None):
+    def __init__(self, done: Deferred, clock, idle_timeout: float | None):
         self._done = done
         self._clock = clock
         self._idle_timeout = idle_timeout
-        self._deadline = deadline
         self._chunks: list[bytes] = []
         self._last = clock.seconds()
         self._timer = None
-        self._deadline_call = None
 
     def connectionMade(self) -> None:
         if self._idle_timeout:
             self._timer = self._clock.callLater(self._idle_timeout, self._check_idle)
-        if self._deadline is not None:
-            self._deadline_call = self._clock.callLater(
-                max(0.0, self._deadline - self._clock.seconds()), self._too_long
-            )
-
-    def _too_long(self) -> None:
-        self._deadline_call = None
-        self.transport.stopProducing()
-        self._fail(RelayError(504, "The request took longer than the relay's limit.", kind="total_timeout"))
 
     def dataReceived(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -184,7 +173,8 @@ class _BodyReader(Protocol):
         )
 
     def stop(self) -> None:
-        """Stop reading: the client went away."""
+        """Stop reading: the client went away, or the request's deadline came."""
+        self._cancel_timer()
         if self.transport is not None:
             self.transport.stopProducing()
 
@@ -209,20 +199,19 @@ class _BodyReader(Protocol):
             self._done.errback(error)
 
     def _cancel_timer(self) -> None:
-        for timer in (self._timer, self._deadline_call):
-            if timer is not None and timer.active():
-                timer.cancel()
-        self._timer = self._deadline_call = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
 
 
 def read_body(
-    response: IResponse, clock, idle_timeout: float | None, deadline: float | None = None
+    response: IResponse, clock, idle_timeout: float | None
 ) -> "Deferred[bytes]":
     """
     Read a whole upstream body. Fails with a :class:`RelayError` when the
-    upstream cuts it (502), goes silent for ``idle_timeout`` seconds, or is
-    not done by ``deadline`` (a ``clock.seconds()`` value) (504); cancelling
-    stops the upstream transport.
+    upstream cuts it (502) or goes silent for ``idle_timeout`` seconds (504);
+    cancelling (the client left, or the request's deadline came) stops the
+    upstream transport.
     """
     if response.length == 0:
         return succeed(b"")
@@ -232,7 +221,7 @@ def read_body(
         reader.stop()
 
     d = Deferred(cancel)
-    reader = _BodyReader(d, clock, idle_timeout, deadline)
+    reader = _BodyReader(d, clock, idle_timeout)
     response.deliverBody(reader)
     return d
 
