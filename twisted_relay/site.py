@@ -144,7 +144,11 @@ class _RelayChannel(HTTPChannel):
         # buffer. Request.write always passes a Headers, sanitised as set;
         # anything else goes Twisted's way (which also sanitises it).
         if not isinstance(headers, Headers):
-            return super().writeHeaders(version, code, reason, headers)
+            # Twisted before 24.7 passes (name, value) pairs: sanitised as
+            # Twisted's own writeHeaders does.
+            pairs, headers = headers, Headers()
+            for name, value in pairs:
+                headers.addRawHeader(name, value)
         lines = [version, b" ", code, b" ", reason, b"\r\n"]
         for name, values in headers.getAllRawHeaders():
             for value in values:
