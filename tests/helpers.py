@@ -83,6 +83,10 @@ class MemoryNetwork:
         factory.doStart()
         self._servers[(host, port)] = factory
 
+    def stop_listening(self, host: bytes, port: int) -> None:
+        """Serve nothing at ``host:port`` any more: connections there are refused."""
+        self._servers.pop((host, port)).doStop()
+
     def endpointForURI(self, uri):
         """The endpoint of ``uri``'s host and port."""
         return _MemoryEndpoint(self, uri.host, uri.port)

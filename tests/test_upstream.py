@@ -500,3 +500,25 @@ def _self_signed_pem(name: str) -> bytes:
     return certificate.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
     )
+
+
+class UnreachableInMemoryTests(SynchronousTestCase):
+    """An upstream nobody listens for, in memory: the production client's error path."""
+
+    def test_refused_is_a_502_that_says_so(self):
+        """A refused connection is an Anthropic-shaped 502 naming the upstream, not a traceback."""
+        import ujson
+
+        from tests.helpers import UPSTREAM_URL, InMemoryRelay, messages_body
+
+        relay = InMemoryRelay(Resource())
+        relay.network.stop_listening(b"upstream.test", 80)
+        d = relay.post("/v1/messages", messages_body())
+        relay.flush()
+        response = self.successResultOf(d)
+        self.assertEqual(response.code, 502)
+        d = response.content()
+        relay.flush()
+        error = ujson.loads(self.successResultOf(d))["error"]
+        self.assertEqual(error["type"], "api_error")
+        self.assertIn("Could not connect to the upstream at " + UPSTREAM_URL, error["message"])
