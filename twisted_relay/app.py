@@ -18,6 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
+from urllib.parse import unquote_to_bytes
 
 import ujson
 from klein import Klein
@@ -170,9 +171,9 @@ class RelayApp:
         """Relay the model list."""
         return self._relay(request, "models", has_body=False, stream_ok=False, translate_answer=False)
 
-    @app.route("/v1/models/<path:model_id>", methods=["GET"])
+    @app.route("/v1/models/<model_id>", methods=["GET"])
     def model(self, request, model_id):
-        """Relay one model's description."""
+        """Relay one model's description; a model id is one path segment."""
         return self._relay(request, "models", has_body=False, stream_ok=False, translate_answer=False)
 
     @app.route("/", methods=["HEAD"])
@@ -380,6 +381,9 @@ class RelayApp:
         raw = upstream_body = translation = body = None
         try:
             self._admit(request)
+            # Checked before anything is read or sent: a path that could
+            # leave the upstream's base path is never sent.
+            path = _upstream_path(request)
             if has_body:
                 raw = self._read_body(request)
                 body = self._parse_messages_body(raw)
@@ -389,7 +393,6 @@ class RelayApp:
             headers = upstream_request_headers(
                 request.requestHeaders, config.upstream_key, strip_credentials=bool(self._relay_keys)
             )
-            path = _upstream_path(request)
             response = await self._send(route, request.method, path, headers, upstream_body, started)
         except RelayError as e:
             outcome.error = e.message
@@ -705,12 +708,44 @@ def _upstream_path(request) -> str:
     The client's path and query string, relative to where the relay is
     mounted: ``/relay/v1/messages?beta=true`` under ``/relay`` is
     ``/v1/messages?beta=true`` upstream.
+
+    :raises RelayError: 404 for a path that a server or proxy on the way
+        could read as one outside the upstream's base path
+        (:func:`_path_escapes`); nothing is sent for it.
     """
     uri = request.uri
     mount = getattr(request, "relay_mount", b"").strip(b"/")
     if mount and uri.startswith(b"/" + mount + b"/"):
         uri = uri[len(mount) + 1 :]
+    if _path_escapes(uri):
+        raise RelayError(404, "The relay has no route for %s %s." % _method_and_path(request))
     return uri.decode("latin-1")
+
+
+# How many rounds of percent-decoding a path segment is checked through
+# (a server that decodes twice still sees no dot segment).
+_DECODING_ROUNDS = 3
+
+
+def _path_escapes(uri: bytes) -> bool:
+    """
+    Whether the path of ``uri`` holds a segment that is not plainly one
+    segment: ``.`` or ``..``, or one holding ``/`` or ``\\`` once
+    percent-decoded (up to :data:`_DECODING_ROUNDS` times), or a backslash
+    as it is. Any of these can take a request, signed with the relay's
+    upstream key, outside the upstream's base path.
+    """
+    path = uri.partition(b"?")[0].partition(b"#")[0]
+    for segment in path.split(b"/"):
+        for _ in range(_DECODING_ROUNDS + 1):
+            if segment in (b".", b"..") or b"\\" in segment:
+                return True
+            if b"%" not in segment:
+                break
+            segment = unquote_to_bytes(segment)
+            if b"/" in segment:
+                return True
+    return False
 
 
 def _whole(request, body: bytes) -> bytes:
