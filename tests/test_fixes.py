@@ -7,9 +7,11 @@ it), each with the behaviour a user now relies on. Real sockets on
 
 from __future__ import annotations
 
+import treq
 import ujson
 
-from tests.faulty_upstream import parse_response
+from tests.faulty_upstream import RawBytes, parse_response
+from tests.helpers import encode, messages_body
 from tests.test_faults import UPSTREAM_KEY, FaultTestCase
 
 #: Paths that try to leave ``/v1/models/`` (and the upstream's base path).
@@ -64,4 +66,56 @@ class PathEscapeTests(FaultTestCase):
             [record.path for record in self.upstream.received],
             [b"/base/v1/models/claude-sonnet-4-5", b"/base/v1/models/claude-3.5%20x?beta=true", b"/base/v1/models"],
         )
+        await self.assert_clean()
+
+
+class HopByHopTests(FaultTestCase):
+    """Headers the upstream's ``Connection`` header names stay on the upstream's connection."""
+
+    async def test_connection_tokens_dropped(self):
+        """
+        ``Connection: close, x-foo`` with ``X-Foo`` (RFC 9110 7.6.1): the
+        client gets the answer and its end-to-end headers, never ``X-Foo``;
+        and the relay does not keep the connection the upstream closes.
+        """
+        body = b'{"type":"message","id":"msg_1","role":"assistant","content":[]}'
+        self.upstream.script(
+            RawBytes(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close, X-Foo\r\n"
+                b"X-Foo: upstream-connection-only\r\nX-Keep: yes\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
+        )
+        self.start_relay()
+        response = await self.post()
+        self.assertEqual(response.code, 200)
+        self.assertEqual(ujson.loads(await treq.content(response))["id"], "msg_1")
+        self.assertEqual(response.headers.getRawHeaders(b"x-keep"), [b"yes"])
+        self.assertIsNone(response.headers.getRawHeaders(b"x-foo"))
+        await self.assert_clean()
+
+
+class ControlByteHeaderTests(FaultTestCase):
+    """A request header value with control bytes is refused, never forwarded."""
+
+    async def test_control_bytes_refused(self):
+        """
+        ``X-Evil: a<DEL><SOH><ESC>b`` gets an Anthropic-shaped 400 and
+        nothing reaches the upstream; a tab, which HTTP allows, passes.
+        """
+        self.start_relay()
+        body = encode(messages_body(tools=False))
+        for value in (b"a\x7f\x01\x1bb", b"\x1b[31mred", b"a\x08b", b"\x7f"):
+            client = self.raw(
+                b"POST /v1/messages HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+                b"X-Evil: " + value + b"\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            response = parse_response(await client.done)
+            self.assertEqual(response.status, 400, value)
+            self.assertEqual(ujson.loads(response.body)["error"]["type"], "invalid_request_error")
+        self.assertEqual(self.upstream.request_count, 0)
+        response = await self.post(headers={"x-tabbed": ["a\tb"]})
+        self.assertEqual(response.code, 200)
+        await treq.content(response)
+        self.assertEqual(self.upstream.received[0].header(b"x-tabbed"), [b"a\tb"])
         await self.assert_clean()

@@ -41,6 +41,7 @@ from twisted_relay.translation import translate_request
 from twisted_relay.upstream import (
     UpstreamClient,
     client_response_headers,
+    connection_tokens,
     read_body,
     upstream_request_headers,
 )
@@ -403,7 +404,7 @@ class RelayApp:
             raw, headers, upstream_body, translation,
         )
         request.setResponseCode(response.code)
-        _set_headers(request, client_response_headers(response.headers))
+        _set_headers(request, client_response_headers(response.headers, connection_tokens(response)))
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         if (
             stream_ok

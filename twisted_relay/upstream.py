@@ -7,6 +7,7 @@ This module knows Twisted's HTTP client; it knows nothing of tool-use ids or SSE
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
 from urllib.parse import urlsplit
 
@@ -46,6 +47,7 @@ __all__ = [
     "read_body",
     "UpstreamClient",
     "client_response_headers",
+    "connection_tokens",
     "upstream_request_headers",
 ]
 
@@ -101,6 +103,26 @@ def _copy_headers(headers: Headers, skip: Iterable[bytes]) -> Headers:
     return copied
 
 
+# What RFC 9110 5.5 does not allow in a field value: control bytes other
+# than horizontal tab, and DEL. (Twisted's server refuses CR, LF and NUL itself.)
+_CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _refuse_control_bytes(headers: Headers) -> None:
+    """
+    Refuse (400) headers whose values hold control bytes: forwarded, they
+    could be read differently by each server on the way.
+    """
+    for name, values in headers.getAllRawHeaders():
+        for value in values:
+            if _CONTROL_BYTES.search(value) is not None:
+                raise RelayError(
+                    400,
+                    "The value of header %s holds a control character, which HTTP does not allow."
+                    % (name.decode("latin-1")[:100],),
+                )
+
+
 def upstream_request_headers(
     client_headers: Headers, upstream_key: str | None, *, strip_credentials: bool = False
 ) -> Headers:
@@ -112,8 +134,11 @@ def upstream_request_headers(
     upstream key configured, the client's own credentials are replaced by it;
     with ``strip_credentials`` (the client's key is a relay key) they are
     never forwarded.
+
+    :raises RelayError: 400 for a forwarded value holding a control byte.
     """
     headers = _copy_headers(client_headers, _NOT_FORWARDED_UPSTREAM)
+    _refuse_control_bytes(headers)
     if upstream_key or strip_credentials:
         for name in _CREDENTIALS:
             headers.removeHeader(name)
@@ -122,15 +147,43 @@ def upstream_request_headers(
     return headers
 
 
-def client_response_headers(upstream_headers: Headers) -> Headers:
+def client_response_headers(upstream_headers: Headers, connection_tokens: Iterable[bytes] = ()) -> Headers:
     """
     The upstream's response headers as the client should get them.
 
     ``request-id``, rate-limit headers, ``retry-after`` and
-    ``x-should-retry`` pass through; hop-by-hop headers and those the relay's
-    own server writes do not.
+    ``x-should-retry`` pass through; hop-by-hop headers, those the upstream's
+    ``Connection`` header names (``connection_tokens``, see
+    :func:`connection_tokens`) and those the relay's own server writes do not.
     """
-    return _copy_headers(upstream_headers, _NOT_FORWARDED_TO_CLIENT)
+    return _copy_headers(upstream_headers, _NOT_FORWARDED_TO_CLIENT | frozenset(connection_tokens))
+
+
+def connection_tokens(response: IResponse) -> frozenset[bytes]:
+    """
+    The header names, lower-cased, that an upstream response's
+    ``Connection`` header lists: hop-by-hop for that response alone
+    (RFC 9110 7.6.1). Empty for a response the relay's own connection pool
+    did not read.
+    """
+    return getattr(response, "_relay_connection_tokens", frozenset())
+
+
+def _note_connection_tokens(response, parser):
+    """
+    Keep on ``response`` the tokens of its ``Connection`` header. Twisted's
+    client parser files ``Connection`` among its connection headers
+    (``HTTPClientParser.connHeaders``, a Twisted internal), apart from
+    ``response.headers``: this is the one place that reads them. The tokens
+    are also written back one per value, so that Twisted, which looks for a
+    value that is exactly ``close``, sees ``Connection: close, x-foo`` too
+    and does not keep a connection the upstream is closing.
+    """
+    tokens = frozenset(_connection_tokens(parser.connHeaders))
+    if tokens:
+        parser.connHeaders.setRawHeaders(b"connection", sorted(tokens))
+    response._relay_connection_tokens = tokens
+    return response
 
 
 class _BodyReader(Protocol):
@@ -296,6 +349,7 @@ class _RelayClientProtocol(HTTP11ClientProtocol):
             # never before this call returns: no response byte has been read.
             parser._transferDecoders = _TRANSFER_DECODERS
             self._transportProxy = parser.transport = _PauseLater(self.transport, self._clock)
+            d.addCallback(_note_connection_tokens, parser)
         return d
 
 
