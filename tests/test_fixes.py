@@ -10,7 +10,7 @@ from __future__ import annotations
 import treq
 import ujson
 
-from tests.faulty_upstream import RawBytes, parse_response
+from tests.faulty_upstream import Answer, RawBytes, error_answer, parse_response
 from tests.helpers import encode, messages_body
 from tests.test_faults import UPSTREAM_KEY, FaultTestCase
 
@@ -118,4 +118,30 @@ class ControlByteHeaderTests(FaultTestCase):
         self.assertEqual(response.code, 200)
         await treq.content(response)
         self.assertEqual(self.upstream.received[0].header(b"x-tabbed"), [b"a\tb"])
+        await self.assert_clean()
+
+
+class EchoedKeyTests(FaultTestCase):
+    """An upstream error that repeats a configured key never shows it to the client."""
+
+    async def test_key_in_error_body_replaced(self):
+        """
+        A 401 whose message repeats the upstream key (as it is and JSON
+        escaped) reaches the client with its status, shape and type, the key
+        replaced by ``[REDACTED]``; a relay key echoed in a 500 too.
+        """
+        relay_key = "rk-fixes-relay/key"
+        self.start_relay(upstream_key=UPSTREAM_KEY, relay_keys=(relay_key,))
+        self.upstream.script(
+            error_answer(401, "authentication_error", "invalid x-api-key: %s" % (UPSTREAM_KEY,)),
+            Answer(500, b'{"type":"error","error":{"type":"api_error","message":"got rk-fixes-relay\\/key"}}'),
+        )
+        body = await self.error_of(await self.post(headers={"x-api-key": [relay_key]}), 401, "authentication_error")
+        self.assertNotIn(UPSTREAM_KEY, ujson.dumps(body))
+        self.assertEqual(body["error"]["message"], "invalid x-api-key: [REDACTED]")
+        response = await self.post(headers={"x-api-key": [relay_key]})
+        self.assertEqual(response.code, 500)
+        raw = await treq.content(response)
+        self.assertNotIn(b"rk-fixes-relay", raw)
+        self.assertEqual(ujson.loads(raw)["error"]["message"], "got [REDACTED]")
         await self.assert_clean()

@@ -36,6 +36,7 @@ from twisted_relay.config import RelayConfig
 from twisted_relay.errors import RelayError
 from twisted_relay.logs import bounded
 from twisted_relay.metrics import RelayMetrics
+from twisted_relay.redact import redact_text
 from twisted_relay.sse import SSEGate
 from twisted_relay.translation import translate_request
 from twisted_relay.upstream import (
@@ -117,6 +118,7 @@ class RelayApp:
         # Read when scraped: no work per request.
         self.metrics.active_requests.set_function(lambda: len(self._active))
         self._relay_keys = tuple(key.encode("utf-8") for key in config.relay_keys)
+        self._secrets = config.secrets()
         self._active: set = set()
         self._draining = False
         self._idle_waiters: list[Deferred] = []
@@ -425,6 +427,8 @@ class RelayApp:
             return self._error(request, e, request_id)
         if 400 <= response.code < 500 and translation is not None:
             self._dump(exchange, response, answer)
+        if response.code >= 400:
+            answer = _without_keys(answer, self._secrets)
         elif response.code < 300 and translate_answer:
             answer = self._translate_answer(answer, translation, request_id)
         self.metrics.labelled(self.metrics.time_to_first_byte, route, "false").observe(self._reactor.seconds() - started)
@@ -747,6 +751,20 @@ def _path_escapes(uri: bytes) -> bool:
             if b"/" in segment:
                 return True
     return False
+
+
+def _without_keys(answer: bytes, secrets: tuple[str, ...]) -> bytes:
+    """
+    An upstream's error body with every configured key (and anything
+    shaped like an Anthropic key) replaced, as the dumps do: some backends
+    repeat the key they were sent in a 401. Bytes that are not UTF-8 are
+    kept as they are.
+    """
+    text = answer.decode("utf-8", "surrogateescape")
+    redacted = redact_text(text, secrets)
+    if redacted == text:
+        return answer
+    return redacted.encode("utf-8", "surrogateescape")
 
 
 def _whole(request, body: bytes) -> bytes:
