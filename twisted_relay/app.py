@@ -13,6 +13,7 @@ Anthropic-shaped; errors the upstream raises pass through untouched.
 from __future__ import annotations
 
 import hmac
+import io
 import itertools
 import os
 import time
@@ -309,6 +310,12 @@ class RelayApp:
                 413,
                 "Request body is over %d bytes, the most the relay accepts." % (self._config.max_body,),
             )
+        if getattr(request, "over_budget", False):
+            raise RelayError(
+                529,
+                "The relay holds as many request bodies as its memory limit allows; try again shortly.",
+                kind="overloaded",
+            )
         content = request.content
         content.seek(0, os.SEEK_END)
         size = content.tell()
@@ -317,6 +324,9 @@ class RelayApp:
                 413,
                 "Request body is %d bytes; the relay accepts at most %d." % (size, self._config.max_body),
             )
+        if isinstance(content, io.BytesIO):
+            # The buffer itself, not a copy of it.
+            return content.getvalue()
         content.seek(0)
         return content.read()
 
@@ -381,7 +391,8 @@ class RelayApp:
     ):
         config = self._config
         received_at = time.time()
-        raw = upstream_body = translation = body = None
+        raw = upstream_body = translation = None
+        stream_asked = False
         try:
             self._admit(request)
             # Checked before anything is read or sent: a path that could
@@ -390,9 +401,15 @@ class RelayApp:
             if has_body:
                 raw = self._read_body(request)
                 body = self._parse_messages_body(raw)
+                stream_asked = body.get("stream") is True
                 translation = translate_request(body, config.upstream_ids)
                 self._note_repairs(request_id, translation)
                 upstream_body = _dumps(translation.upstream_body) if translation.changed else raw
+                # The parsed body (often ten times the size of its bytes) is
+                # not needed once serialised: a request that waits on the
+                # upstream holds its bytes only.
+                del body
+                translation.forget_body()
             headers = upstream_request_headers(
                 request.requestHeaders, config.upstream_key, strip_credentials=bool(self._relay_keys)
             )
@@ -410,7 +427,7 @@ class RelayApp:
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         if (
             stream_ok
-            and body.get("stream") is True
+            and stream_asked
             and response.code < 300
             and content_type.startswith(b"text/event-stream")
         ):
