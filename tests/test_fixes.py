@@ -8,14 +8,22 @@ it), each with the behaviour a user now relies on. Real sockets on
 from __future__ import annotations
 
 import gc
+import os
 import tracemalloc
 
 import treq
 import ujson
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import SkipTest
 
-from tests.faulty_upstream import Answer, Hang, RawBytes, error_answer, parse_response
+from tests.faulty_upstream import Answer, Hang, RawBytes, Stream, error_answer, parse_response, sse_events
 from tests.helpers import encode, messages_body
-from tests.test_faults import UPSTREAM_KEY, FaultTestCase, wait_for
+from tests.test_faults import UPSTREAM_KEY, FaultTestCase, sleep, wait_for
+
+try:
+    import anthropic
+except ImportError:  # pragma: no cover - the test extra installs it
+    anthropic = None
 
 #: Paths that try to leave ``/v1/models/`` (and the upstream's base path).
 ESCAPING_MODEL_PATHS = [
@@ -236,4 +244,99 @@ class BodyMemoryTests(FaultTestCase):
         body_size = len(self.upstream.received[0].body)
         self.assertLess(held, 5.5 * body_size, "%d bytes held for a %d-byte body" % (held, body_size))
         client.abort()
+        await self.assert_clean()
+
+
+#: Streams recorded in Anthropic's SDK repositories that end without the blank line after their last event.
+RECORDED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "recorded-sse")
+
+
+def _sdk_final_message(base_url: str) -> dict:
+    """Stream one request with the official SDK; the message it accumulated. Runs in a thread."""
+    with anthropic.Anthropic(base_url=base_url, api_key="sk-test-sdk", max_retries=0, timeout=30) as client:
+        with client.messages.stream(
+            model="claude-sonnet-4-5", max_tokens=64, messages=[{"role": "user", "content": "Hi"}]
+        ) as stream:
+            for _ in stream:
+                pass
+            return stream.get_final_message().model_dump(mode="json", warnings=False)
+
+
+class UnterminatedLastEventTests(FaultTestCase):
+    """A stream whose last event lacks its blank line, then ends cleanly, reaches the client whole."""
+
+    async def test_recorded_streams_through_the_sdk(self):
+        """
+        Each recorded stream that ends without its blank line, served in
+        97-byte pieces with a proper end of body: the official SDK
+        accumulates the same message through the relay as directly, and the
+        relay's stream ends with that last event, terminated.
+        """
+        if anthropic is None:
+            raise SkipTest("the anthropic SDK is not installed")
+        names = sorted(name for name in os.listdir(RECORDED) if not name.endswith(".md"))
+        self.assertGreaterEqual(len(names), 6)
+        self.start_relay()
+        for name in names:
+            with open(os.path.join(RECORDED, name), "rb") as f:
+                recorded = f.read()
+            self.assertFalse(recorded.endswith(b"\n\n"), name)
+            pieces = [(0.0, recorded[at:at + 97]) for at in range(0, len(recorded), 97)]
+            self.upstream.script(Stream(pieces), Stream(pieces))
+            direct = await deferToThread(_sdk_final_message, self.upstream_url)
+            relayed = await deferToThread(_sdk_final_message, self.relay_url)
+            self.assertEqual(relayed, direct, name)
+        self.upstream.script(Stream([(0.0, recorded)]))
+        response = await self.stream()
+        body = await treq.content(response)
+        self.assertTrue(body.endswith(b'data: {"type":"message_stop"}\n\n'), body[-80:])
+        self.assertNotIn(b"event: error", body)
+        await self.assert_clean()
+
+    async def test_cut_event_still_an_error(self):
+        """A clean end of body after half an event's JSON is still a cut stream: an SSE ``error`` event."""
+        self.start_relay()
+        events = sse_events()
+        half = events[-1][: len(events[-1]) // 2 + 5].rstrip(b"\n")
+        self.upstream.script(Stream([(0.0, event) for event in events[:-1]] + [(0.0, half)]))
+        _, payload = await self.stream_error_of(await self.stream(), "api_error")
+        self.assertIn("middle of an event", payload["error"]["message"])
+        await self.assert_clean()
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def readme() -> str:
+    """The README, its lines joined (sentences wrap)."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        return " ".join(f.read().split())
+
+
+class EventHoldingTests(FaultTestCase):
+    """What the README says of buffering is what the relay does: it holds the event still arriving, no more."""
+
+    async def test_half_event_held_whole_events_passed(self):
+        """
+        Whole events reach the client while the next one is still arriving;
+        the half-arrived event does not, until its blank line comes. The
+        README says so, and no longer says "without buffering".
+        """
+        text = readme()
+        self.assertNotIn("without buffering", text)
+        self.assertIn("holds only the event still arriving, until its blank line (at most one event", text)
+        events = sse_events()
+        half = len(events[3]) // 2
+        self.upstream.script(
+            Stream([(0.0, b"".join(events[:3])), (0.0, events[3][:half]), (2.0, events[3][half:])]
+                   + [(0.0, event) for event in events[4:]])
+        )
+        self.start_relay(idle_timeout=5.0)
+        client = self.raw(self.raw_post())
+        await wait_for(lambda: events[2] in bytes(client.received), timeout=1.5)
+        await sleep(0.3)
+        self.assertEqual(parse_response(bytes(client.received)).body, b"".join(events[:3]))
+        response = parse_response(await client.done)
+        self.assertEqual(response.status, 200)
+        self.assertIn(events[3], response.body)
         await self.assert_clean()
