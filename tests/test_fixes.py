@@ -340,3 +340,25 @@ class EventHoldingTests(FaultTestCase):
         self.assertEqual(response.status, 200)
         self.assertIn(events[3], response.body)
         await self.assert_clean()
+
+
+class RequestIdEverywhereTests(FaultTestCase):
+    """Every answer carries ``x-relay-request-id``, as the README says."""
+
+    async def test_every_route(self):
+        """``/health``, ``/ready``, ``/metrics``, ``HEAD /`` and ``HEAD /api/hello`` too, each id its own."""
+        self.assertIn("every answer carries an `x-relay-request-id` header", readme())
+        self.start_relay()
+        ids = set()
+        for method, path in ((b"GET", b"/health"), (b"GET", b"/ready"), (b"GET", b"/metrics"),
+                             (b"HEAD", b"/"), (b"HEAD", b"/api/hello"), (b"GET", b"/api/hello"),
+                             (b"GET", b"/nowhere"), (b"GET", b"/v1/models")):
+            client = self.raw(method + b" " + path + b" HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
+            response = parse_response(await client.done)
+            self.assertLess(response.status, 500, path)
+            request_id = response.header(b"x-relay-request-id")
+            self.assertIsNotNone(request_id, path)
+            self.assertTrue(request_id.startswith(b"rly_"), request_id)
+            ids.add(request_id)
+        self.assertEqual(len(ids), 8)
+        await self.assert_clean()

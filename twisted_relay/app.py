@@ -184,18 +184,21 @@ class RelayApp:
     @app.route("/api/hello", methods=["HEAD", "GET"])
     def hello(self, request):
         """Answer clients' connection-warming probes at once."""
+        _stamp_request_id(request)
         request.setHeader(b"content-type", _JSON)
         return b""
 
     @app.route("/health", methods=["GET"])
     def health(self, request):
         """Say that the relay process (which one: ``pid``) is up; it does not ask the upstream."""
+        _stamp_request_id(request)
         request.setHeader(b"content-type", _JSON)
         return _dumps({"status": "ok", "version": __version__, "pid": os.getpid()})
 
     @app.route("/ready", methods=["GET"])
     def ready(self, request):
         """Say whether the relay takes new requests: not while it shuts down."""
+        _stamp_request_id(request)
         request.setHeader(b"content-type", _JSON)
         if self._draining or self._client.base_url is None:
             request.setResponseCode(503)
@@ -207,6 +210,7 @@ class RelayApp:
         """Prometheus metrics, when enabled."""
         if not self._config.metrics:
             raise NotFound()
+        _stamp_request_id(request)
         return self.metrics.resource()
 
     @app.handle_errors(NotFound)
@@ -782,6 +786,11 @@ def _without_keys(answer: bytes, secrets: tuple[str, ...]) -> bytes:
     if redacted == text:
         return answer
     return redacted.encode("utf-8", "surrogateescape")
+
+
+def _stamp_request_id(request) -> None:
+    """Give an answer the relay makes itself its ``x-relay-request-id``, as every answer has."""
+    request.setHeader(RELAY_REQUEST_ID_HEADER, _new_request_id().encode("ascii"))
 
 
 def _whole(request, body: bytes) -> bytes:
