@@ -362,3 +362,19 @@ class RequestIdEverywhereTests(FaultTestCase):
             ids.add(request_id)
         self.assertEqual(len(ids), 8)
         await self.assert_clean()
+
+
+class HugeHeaderTests(FaultTestCase):
+    """An upstream header too large to read is a 502 that says so in words."""
+
+    async def test_64k_header(self):
+        """A 64 KB upstream response header: a 502 ``api_error`` naming the cause, no Python repr."""
+        self.start_relay()
+        self.upstream.script(
+            RawBytes(b"HTTP/1.1 200 OK\r\nX-Huge: " + b"a" * 65536 + b"\r\nContent-Length: 2\r\n\r\n{}")
+        )
+        body = await self.error_of(await self.post(), 502, "api_error")
+        message = body["error"]["message"]
+        self.assertNotIn("<", message)
+        self.assertNotIn("Failure", message)
+        self.assertIn("header line longer than the relay reads", message)

@@ -22,7 +22,7 @@ from twisted.internet.endpoints import (
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError, TimeoutError
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
-from twisted.web._newclient import HTTP11ClientProtocol, Request, TransportProxyProducer
+from twisted.web._newclient import HTTP11ClientProtocol, HTTPParser, Request, TransportProxyProducer
 from twisted.web.client import (
     BrowserLikePolicyForHTTPS,
     HTTPConnectionPool,
@@ -732,6 +732,14 @@ def _relay_error_for(failure, base_url: str) -> RelayError:
             502,
             "The upstream at %s closed the connection before answering." % (base_url,),
             kind="dropped",
+        )
+    if failure.check(ResponseFailed):
+        # Its reasons are Failures, whose text is a Python repr: say it in words.
+        return RelayError(
+            502,
+            "The upstream at %s broke off its answer before its headers were complete, or sent a "
+            "header line longer than the relay reads (%d bytes)." % (base_url, HTTPParser.MAX_LENGTH),
+            kind="failed",
         )
     return RelayError(
         502,
