@@ -8,13 +8,16 @@ it), each with the behaviour a user now relies on. Real sockets on
 from __future__ import annotations
 
 import gc
+import io
 import os
 import tracemalloc
 
 import treq
 import ujson
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import SkipTest
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
+
+from twisted_relay.replay import main as replay_main
 
 from tests.faulty_upstream import Answer, Hang, RawBytes, Stream, error_answer, parse_response, sse_events
 from tests.helpers import encode, messages_body
@@ -378,3 +381,19 @@ class HugeHeaderTests(FaultTestCase):
         self.assertNotIn("<", message)
         self.assertNotIn("Failure", message)
         self.assertIn("header line longer than the relay reads", message)
+
+
+class ReplayNonDumpTests(SynchronousTestCase):
+    """``twisted-relay-replay`` refuses a JSON file that is not a dump, as docs/dumps.md says (exit 2)."""
+
+    def test_not_a_dump(self):
+        """``{}``, a list, and an object without the dump's sections: exit 2, a sentence, no ``None`` fields."""
+        for content in ("{}", "[]", '{"format": 1, "relay_request_id": "rly_1"}', '"text"'):
+            path = self.mktemp()
+            with open(path, "w") as f:
+                f.write(content)
+            out, err = io.StringIO(), io.StringIO()
+            for argv in ([path], [path, "--check"]):
+                self.assertEqual(replay_main(argv, stdout=out, stderr=err), 2, content)
+            self.assertEqual(out.getvalue(), "")
+            self.assertIn("is not a relay dump", err.getvalue())
