@@ -10,17 +10,34 @@ from __future__ import annotations
 import gc
 import io
 import os
+import subprocess
+import sys
 import tracemalloc
 
 import treq
 import ujson
+from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from twisted_relay._version import __version__
+from twisted_relay.dumps import DumpRequest, build_dump, render_dump, write_once
 from twisted_relay.replay import main as replay_main
+from twisted_relay.simulated.cli import build_parser
+from twisted_relay.tap import Options as TapOptions
 
-from tests.faulty_upstream import Answer, Hang, RawBytes, Stream, error_answer, parse_response, sse_events
+from tests.faulty_upstream import (
+    Answer,
+    Hang,
+    RawBytes,
+    Stream,
+    closed_port_url,
+    error_answer,
+    parse_response,
+    sse_events,
+)
 from tests.helpers import encode, messages_body
+from tests.test_dumps import SETTINGS, exchange
 from tests.test_faults import UPSTREAM_KEY, FaultTestCase, sleep, wait_for
 
 try:
@@ -397,3 +414,59 @@ class ReplayNonDumpTests(SynchronousTestCase):
                 self.assertEqual(replay_main(argv, stdout=out, stderr=err), 2, content)
             self.assertEqual(out.getvalue(), "")
             self.assertIn("is not a relay dump", err.getvalue())
+
+
+class SmallThingsTests(FaultTestCase):
+    """What a newcomer trips on: the version, the simulator's seed, error wording, the documented grep."""
+
+    def test_version(self):
+        """``twistd -n relay --version`` prints the relay's version (and Twisted's), and exits 0."""
+        done = subprocess.run(
+            [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", "-n", "relay", "--version"],
+            cwd=self.mktemp_dir(), capture_output=True, timeout=60, check=False,
+        )
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(b"twisted-relay version: " + __version__.encode(), done.stdout)
+        self.assertIn(b"Twisted version:", done.stdout)
+
+    def mktemp_dir(self) -> str:
+        path = self.mktemp()
+        os.makedirs(path)
+        return path
+
+    def test_simulated_seeds_agree(self):
+        """``--simulate`` and the standalone simulator start from the same seed by default."""
+        options = TapOptions()
+        options.parseOptions(["--simulate", "strict"])
+        self.assertEqual(options.config.simulate_options["seed"], build_parser().parse_args([]).seed)
+
+    async def test_refused_connection_message(self):
+        """A refused upstream connection is one sentence with one final period."""
+        self.start_relay(await closed_port_url(reactor))
+        body = await self.error_of(await self.post(), 502, "api_error")
+        message = body["error"]["message"]
+        self.assertIn("refused", message)
+        self.assertNotIn("..", message)
+        self.assertTrue(message.endswith("."), message)
+        await self.stop_all()
+
+    def test_documented_duplicate_grep(self):
+        """
+        The grep that docs/dumps.md gives for refusals about duplicate ids
+        finds a dump of Anthropic's own wording and of the other backends'.
+        """
+        with open(os.path.join(ROOT, "docs", "dumps.md"), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        at = next(n for n, line in enumerate(lines) if line.startswith("# Every refusal that complained about a duplicate"))
+        command = next(line for line in lines[at:] if line.startswith("grep"))
+        folder = self.mktemp_dir()
+        for message in ("messages.3.content.0: `tool_use` ids must be unique", "duplicate tool_call id toolu_001",
+                        "max_tokens: Field required"):
+            error = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+            request = DumpRequest(**exchange(response_body=ujson.dumps(error).encode()))
+            data = render_dump(build_dump(request, SETTINGS), [], 64 * 1024 * 1024)
+            write_once(os.path.join(folder, "relay-dumps"), request.received_at, request.relay_request_id, data)
+        done = subprocess.run(["sh", "-c", command], cwd=folder, capture_output=True, timeout=30, check=False)
+        self.assertIn(b"must be unique", done.stdout)
+        self.assertIn(b"duplicate tool_call id", done.stdout)
+        self.assertNotIn(b"Field required", done.stdout)

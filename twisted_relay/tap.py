@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from urllib.parse import urlsplit
 
 from twisted.python import usage
@@ -145,7 +146,7 @@ class Options(usage.Options):
             "Relay processes sharing the tcp: listen addresses (SO_REUSEPORT), this one included: "
             "one per core uses every core.",
         ],
-        ["simulate-seed", None, "1", "Seed of the simulated upstream."],
+        ["simulate-seed", None, "0", "Seed of the simulated upstream (the same default as twisted-relay-simulated)."],
         ["simulate-reuse-every", None, "3", "The simulated model reuses an id every N tool calls (0: never)."],
         ["simulate-event-delay", None, "0", "Seconds between the simulated upstream's stream events."],
     ]
@@ -173,6 +174,16 @@ class Options(usage.Options):
         self["listen"].append(description)
 
     opt_l = opt_listen
+
+    def opt_version(self) -> None:
+        """Display the relay's version and Twisted's, and exit."""
+        from twisted import copyright
+
+        from twisted_relay._version import __version__
+
+        print("twisted-relay version:", __version__)
+        print("Twisted version:", copyright.version)
+        sys.exit(0)
 
     def postOptions(self) -> None:
         from twisted.internet import reactor

@@ -704,6 +704,11 @@ def _tls_failure(failure) -> str | None:
     return None
 
 
+def _clause(message: str) -> str:
+    """An exception's message fit to end a sentence of ours: its own final periods dropped."""
+    return message.strip().rstrip(".")
+
+
 def _relay_error_for(failure, base_url: str) -> RelayError:
     """Turn a connection-level failure into the error a client sees."""
     tls = _tls_failure(failure)
@@ -724,7 +729,7 @@ def _relay_error_for(failure, base_url: str) -> RelayError:
         return RelayError(
             502,
             "Could not connect to the upstream at %s: %s."
-            % (base_url, failure.getErrorMessage() or failure.type.__name__),
+            % (base_url, _clause(failure.getErrorMessage()) or failure.type.__name__),
             kind="connect",
         )
     if failure.check(ResponseNeverReceived):
@@ -744,6 +749,6 @@ def _relay_error_for(failure, base_url: str) -> RelayError:
     return RelayError(
         502,
         "The request to the upstream at %s failed: %s."
-        % (base_url, failure.getErrorMessage() or failure.type.__name__),
+        % (base_url, _clause(failure.getErrorMessage()) or failure.type.__name__),
         kind="failed",
     )
