@@ -193,7 +193,8 @@ class FaultTestCase(TestCase):
         relay = Relay(config, reactor)
         relay.service.startService()
         site = RelaySite(
-            relay.resource(), max_body=config.max_body, request_read_timeout=config.request_read_timeout or None
+            relay.resource(), max_body=config.max_body, request_read_timeout=config.request_read_timeout or None,
+            max_bodies_in_flight=config.max_bodies_in_flight,
         )
         port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.relays.append(relay)
@@ -201,6 +202,7 @@ class FaultTestCase(TestCase):
         self.relay = relay
         self.relay_port = port.getHost().port
         self.relay_url = "http://127.0.0.1:%d" % (self.relay_port,)
+        self.site = site
         return relay
 
     def post(self, body=None, headers=None, path="/v1/messages"):

@@ -62,6 +62,14 @@ class ContractTests(SynchronousTestCase):
         """A ``Request`` subclass's ``writeTo`` writes the request, and its answer is read."""
         self.assertIsNone(_twisted._probe_one_send_request())
 
+    def test_connection_header(self):
+        """
+        Twisted files an answer's ``Connection`` header in the parser's
+        ``connHeaders``, apart from its headers, and pools no connection
+        whose answer says ``close`` among other tokens once they are split.
+        """
+        self.assertIsNone(_twisted._probe_connection_header())
+
     def test_copied_constant(self):
         """The chunk-extension characters copied from Twisted are still Twisted's."""
         self.assertEqual(_twisted.CHUNK_EXTENSION_CHARS, http._chunkExtChars)
@@ -74,13 +82,14 @@ class ContractTests(SynchronousTestCase):
             "coalescing_decoder": {"_ChunkedTransferDecoder", "_DataLoss", "_transferDecoders", "_parser",
                                    "_currentRequest"},
             "one_send_request": {"_newclient.Request"},
+            "connection_header": {"connHeaders"},
         }
         self.assertEqual(set().union(*relies.values()), set(_twisted.PRIVATE_NAMES))
         for name in _twisted.PRIVATE_NAMES:
             held, why = _twisted.probe(hide=[name])
             expected = {assumption for assumption, names in relies.items() if name in names}
             if "pool_hooks" in expected:
-                expected |= {"coalescing_decoder", "one_send_request"}
+                expected |= {"coalescing_decoder", "one_send_request", "connection_header"}
             self.assertEqual(set(held.off()), expected, name)
             self.assertEqual(set(why), expected, name)
 
@@ -123,7 +132,9 @@ class FallbackTests(TestCase):
 
     def setUp(self):
         held, why = _twisted.probe(hide=_twisted.PRIVATE_NAMES)
-        self.assertEqual(set(why), {"write_through", "pool_hooks", "coalescing_decoder", "one_send_request"})
+        self.assertEqual(
+            set(why), {"write_through", "pool_hooks", "coalescing_decoder", "one_send_request", "connection_header"}
+        )
         before = _twisted.use(held)
         self.addCleanup(_twisted.use, before)
 

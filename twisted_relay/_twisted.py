@@ -24,6 +24,14 @@ the job, each for a gain that was measured:
     An upstream request whose body is in memory written in one send, line,
     headers and body (a subclass of ``twisted.web._newclient.Request``),
     instead of Twisted's producer machinery (half a dozen Deferreds).
+``connection_header``
+    The tokens of an upstream response's ``Connection`` header, which
+    Twisted's client parser files apart from ``response.headers``
+    (``HTTPClientParser.connHeaders``): the headers they name are hop-by-hop
+    and not passed to the client, and ``Connection: close, x-foo`` is
+    written back one token per value so that Twisted, which looks for a
+    value that is exactly ``close``, does not pool a connection the
+    upstream is closing. Needs ``pool_hooks``.
 
 At import each assumption is checked, by name and by behaviour (a probe
 drives the very code path on in-memory transports). One that does not hold
@@ -97,6 +105,9 @@ try:
 except ImportError:  # pragma: no cover - only on a Twisted without them
     _HTTP11ClientProtocol = _HTTPClientParser = _Request = None
 
+#: The longest header line Twisted's HTTP client reads (for error messages).
+HEADER_LINE_LIMIT = getattr(_HTTPClientParser, "MAX_LENGTH", 16384)
+
 _HTTP11ClientFactory = getattr(_client, "_HTTP11ClientFactory", None)
 
 
@@ -108,6 +119,7 @@ class Assumptions:
     pool_hooks: bool = False
     coalescing_decoder: bool = False
     one_send_request: bool = False
+    connection_header: bool = False
 
     def off(self) -> list[str]:
         """The names of the assumptions that do not hold."""
@@ -247,6 +259,25 @@ def closing(transport) -> bool:
 _pool_hooks = False
 _coalescing_decoder = False
 _one_send_request = False
+_connection_header = False
+
+
+def _note_connection(response, parser):
+    """
+    Keep on ``response`` (as ``relay_connection_tokens``) the tokens of its
+    ``Connection`` header, and write them back one per value (see the
+    module docstring, ``connection_header``).
+    """
+    tokens = frozenset(
+        token
+        for value in parser.connHeaders.getRawHeaders(b"connection", [])
+        for token in (part.strip().lower() for part in value.split(b","))
+        if token
+    )
+    if tokens:
+        parser.connHeaders.setRawHeaders(b"connection", sorted(tokens))
+    response.relay_connection_tokens = tokens
+    return response
 
 
 def _transfer_decoders():
@@ -270,10 +301,13 @@ if _HTTP11ClientProtocol is not None and _HTTP11ClientFactory is not None:
             decoders = self._decoders
             parser = self._parser
             # (A request refused because another is in flight leaves that one's parser.)
-            if decoders is not None and parser is not None and self._currentRequest is request:
-                # The parser picks its decoder once the headers are in, which is
-                # never before this call returns: no response byte has been read.
-                parser._transferDecoders = decoders
+            if parser is not None and self._currentRequest is request:
+                if decoders is not None:
+                    # The parser picks its decoder once the headers are in, which is
+                    # never before this call returns: no response byte has been read.
+                    parser._transferDecoders = decoders
+                if _connection_header:
+                    d.addCallback(_note_connection, parser)
             return d
 
     class _QuietClientFactory(_HTTP11ClientFactory):
@@ -395,7 +429,7 @@ class _Collect:
         self.reason = reason
 
 
-def _exchange(pool_decoders, request, answer: bytes):
+def _exchange(pool_decoders, request, answer: bytes, responses=None):
     """
     Drive one request and answer through a connection of the relay's pool;
     return (bytes sent, body parts read, the body's end, whether the pool
@@ -422,7 +456,8 @@ def _exchange(pool_decoders, request, answer: bytes):
             made.append(protocol)
             return succeed(protocol)
 
-    responses = []
+    if responses is None:
+        responses = []
     pool.getConnection(("probe",), Endpoint()).addCallback(lambda connection: connection.request(request)).addBoth(
         responses.append
     )
@@ -524,6 +559,34 @@ def _probe_one_send_request() -> str | None:
     return None
 
 
+def _probe_connection_header() -> str | None:
+    if _HTTPClientParser is None or "connHeaders" in _hidden:
+        return "HTTPClientParser keeps no connHeaders"
+    from twisted.web.http_headers import Headers
+
+    global _connection_header
+    before, _connection_header = _connection_header, True
+    try:
+        request = _Request(b"GET", b"/", Headers({b"host": [b"probe"]}), None, persistent=True)
+        responses = []
+        sent, data, reason, protocol, taken_back = _exchange(
+            None,
+            request,
+            b"HTTP/1.1 200 OK\r\nConnection: close, X-Hop\r\nX-Hop: 1\r\nContent-Length: 1\r\n\r\nx",
+            responses,
+        )
+    finally:
+        _connection_header = before
+    response = responses[0]
+    if getattr(response, "relay_connection_tokens", None) != frozenset({b"close", b"x-hop"}):
+        return "the Connection header's tokens were not found in connHeaders"
+    if response.headers.getRawHeaders(b"x-hop") != [b"1"] or response.headers.hasHeader(b"connection"):
+        return "Twisted no longer keeps Connection apart from the response's headers"
+    if taken_back:
+        return "a connection answered with Connection: close, ... was pooled again"
+    return None
+
+
 # -- the server side ------------------------------------------------------------
 
 
@@ -546,8 +609,9 @@ _PROBES = {
     "pool_hooks": _probe_pool_hooks,
     "coalescing_decoder": _probe_coalescing_decoder,
     "one_send_request": _probe_one_send_request,
+    "connection_header": _probe_connection_header,
 }
-_NEEDS = {"coalescing_decoder": "pool_hooks", "one_send_request": "pool_hooks"}
+_NEEDS = {"coalescing_decoder": "pool_hooks", "one_send_request": "pool_hooks", "connection_header": "pool_hooks"}
 
 
 #: Every private Twisted name the relay uses (``probe(hide=...)`` takes these).
@@ -556,7 +620,7 @@ PRIVATE_NAMES = frozenset(
         "_aborting", "_writeDisconnected", "_tempDataLen", "dataBuffer", "offset", "socket",
         "_HTTP11ClientFactory", "_factory", "_putConnection", "_quiescentCallback",
         "_ChunkedTransferDecoder", "_DataLoss", "_transferDecoders", "_parser", "_currentRequest",
-        "_newclient.Request",
+        "_newclient.Request", "connHeaders",
     }
 )  # fmt: skip
 _hidden: frozenset = frozenset()
@@ -606,13 +670,14 @@ _active = Assumptions()
 
 def use(assumptions: Assumptions) -> Assumptions:
     """Switch the relay's uses of Twisted internals to ``assumptions``; return those in use before."""
-    global _active, _write_through, _pool_hooks, _coalescing_decoder, _one_send_request
+    global _active, _write_through, _pool_hooks, _coalescing_decoder, _one_send_request, _connection_header
     before = _active
     _active = assumptions
     _write_through = assumptions.write_through
     _pool_hooks = assumptions.pool_hooks
     _coalescing_decoder = assumptions.coalescing_decoder and assumptions.pool_hooks
     _one_send_request = assumptions.one_send_request and assumptions.pool_hooks
+    _connection_header = assumptions.connection_header and assumptions.pool_hooks
     return before
 
 

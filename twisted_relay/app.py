@@ -13,11 +13,13 @@ Anthropic-shaped; errors the upstream raises pass through untouched.
 from __future__ import annotations
 
 import hmac
+import io
 import itertools
 import os
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
+from urllib.parse import unquote_to_bytes
 
 import ujson
 from klein import Klein
@@ -34,11 +36,13 @@ from twisted_relay.config import RelayConfig
 from twisted_relay.errors import RelayError
 from twisted_relay.logs import bounded
 from twisted_relay.metrics import RelayMetrics
+from twisted_relay.redact import redact_text
 from twisted_relay.sse import SSEGate
 from twisted_relay.translation import translate_request
 from twisted_relay.upstream import (
     UpstreamClient,
     client_response_headers,
+    connection_tokens,
     read_body,
     upstream_request_headers,
 )
@@ -111,6 +115,7 @@ class RelayApp:
         # Read when scraped: no work per request.
         self.metrics.active_requests.set_function(lambda: len(self._active))
         self._relay_keys = tuple(key.encode("utf-8") for key in config.relay_keys)
+        self._secrets = config.secrets()
         self._active: set = set()
         self._draining = False
         self._idle_waiters: list[Deferred] = []
@@ -136,27 +141,30 @@ class RelayApp:
         """Relay the model list."""
         return self._relay(request, _MODELS)
 
-    @app.route("/v1/models/<path:model_id>", methods=["GET"])
+    @app.route("/v1/models/<model_id>", methods=["GET"])
     def model(self, request, model_id):
-        """Relay one model's description."""
+        """Relay one model's description; a model id is one path segment."""
         return self._relay(request, _MODELS)
 
     @app.route("/", methods=["HEAD"])
     @app.route("/api/hello", methods=["HEAD", "GET"])
     def hello(self, request):
         """Answer clients' connection-warming probes at once."""
+        _stamp_request_id(request)
         request.setHeader(b"content-type", _JSON)
         return b""
 
     @app.route("/health", methods=["GET"])
     def health(self, request):
         """Say that the relay process (which one: ``pid``) is up; it does not ask the upstream."""
+        _stamp_request_id(request)
         request.setHeader(b"content-type", _JSON)
         return to_json({"status": "ok", "version": __version__, "pid": os.getpid()})
 
     @app.route("/ready", methods=["GET"])
     def ready(self, request):
         """Say whether the relay takes new requests: not while it shuts down."""
+        _stamp_request_id(request)
         request.setHeader(b"content-type", _JSON)
         if self._draining or self._client.base_url is None:
             request.setResponseCode(503)
@@ -168,6 +176,7 @@ class RelayApp:
         """Prometheus metrics, when enabled."""
         if not self._config.metrics:
             raise NotFound()
+        _stamp_request_id(request)
         return self.metrics.resource()
 
     @app.handle_errors(NotFound)
@@ -271,6 +280,12 @@ class RelayApp:
                 413,
                 "Request body is over %d bytes, the most the relay accepts." % (self._config.max_body,),
             )
+        if getattr(request, "over_budget", False):
+            raise RelayError(
+                529,
+                "The relay holds as many request bodies as its memory limit allows; try again shortly.",
+                kind="overloaded",
+            )
         content = request.content
         content.seek(0, os.SEEK_END)
         size = content.tell()
@@ -279,6 +294,9 @@ class RelayApp:
                 413,
                 "Request body is %d bytes; the relay accepts at most %d." % (size, self._config.max_body),
             )
+        if isinstance(content, io.BytesIO):
+            # The buffer itself, not a copy of it.
+            return content.getvalue()
         content.seek(0)
         return content.read()
 
@@ -524,19 +542,28 @@ class _RelayedRequest:
         relay, request, route = self.relay, self.request, self.route
         config = relay._config
         received_at = time.time()
-        raw = upstream_body = translation = body = None
+        raw = upstream_body = translation = None
+        stream_asked = False
         try:
             relay._admit(request)
+            # Checked before anything is read or sent: a path that could
+            # leave the upstream's base path is never sent.
+            path = _upstream_path(request)
             if route.has_body:
                 raw = relay._read_body(request)
                 body = relay._parse_messages_body(raw)
+                stream_asked = body.get("stream") is True
                 translation = translate_request(body, config.upstream_ids)
                 relay._note_repairs(self.id, translation)
                 upstream_body = to_json(translation.upstream_body) if translation.changed else raw
+                # The parsed body (often ten times the size of its bytes) is
+                # not needed once serialised: a request that waits on the
+                # upstream holds its bytes only.
+                del body
+                translation.forget_body()
             headers = upstream_request_headers(
                 request.requestHeaders, config.upstream_key, strip_credentials=bool(relay._relay_keys)
             )
-            path = _upstream_path(request)
             response = await self._send(request.method, path, headers, upstream_body)
         except RelayError as e:
             self.error = e.message
@@ -547,11 +574,11 @@ class _RelayedRequest:
             raw, headers, upstream_body, translation,
         )
         request.setResponseCode(response.code)
-        _set_headers(request, client_response_headers(response.headers))
+        _set_headers(request, client_response_headers(response.headers, connection_tokens(response)))
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         if (
             route.stream_ok
-            and body.get("stream") is True
+            and stream_asked
             and response.code < 300
             and content_type.startswith(b"text/event-stream")
         ):
@@ -567,6 +594,8 @@ class _RelayedRequest:
             return relay._error(request, e, self.id)
         if 400 <= response.code < 500 and translation is not None:
             relay._dump(exchange, response, answer)
+        if response.code >= 400:
+            answer = _without_keys(answer, relay._secrets)
         elif response.code < 300 and route.translate_answer:
             answer = relay._translate_answer(answer, translation, self.id)
         metrics = relay.metrics
@@ -722,12 +751,63 @@ def _upstream_path(request) -> str:
     The client's path and query string, relative to where the relay is
     mounted: ``/relay/v1/messages?beta=true`` under ``/relay`` is
     ``/v1/messages?beta=true`` upstream.
+
+    :raises RelayError: 404 for a path that a server or proxy on the way
+        could read as one outside the upstream's base path
+        (:func:`_path_escapes`); nothing is sent for it.
     """
     uri = request.uri
     mount = getattr(request, "relay_mount", b"").strip(b"/")
     if mount and uri.startswith(b"/" + mount + b"/"):
         uri = uri[len(mount) + 1 :]
+    if _path_escapes(uri):
+        raise RelayError(404, "The relay has no route for %s %s." % _method_and_path(request))
     return uri.decode("latin-1")
+
+
+# How many rounds of percent-decoding a path segment is checked through
+# (a server that decodes twice still sees no dot segment).
+_DECODING_ROUNDS = 3
+
+
+def _path_escapes(uri: bytes) -> bool:
+    """
+    Whether the path of ``uri`` holds a segment that is not plainly one
+    segment: ``.`` or ``..``, or one holding ``/`` or ``\\`` once
+    percent-decoded (up to :data:`_DECODING_ROUNDS` times), or a backslash
+    as it is. Any of these can take a request, signed with the relay's
+    upstream key, outside the upstream's base path.
+    """
+    path = uri.partition(b"?")[0].partition(b"#")[0]
+    for segment in path.split(b"/"):
+        for _ in range(_DECODING_ROUNDS + 1):
+            if segment in (b".", b"..") or b"\\" in segment:
+                return True
+            if b"%" not in segment:
+                break
+            segment = unquote_to_bytes(segment)
+            if b"/" in segment:
+                return True
+    return False
+
+
+def _without_keys(answer: bytes, secrets: tuple[str, ...]) -> bytes:
+    """
+    An upstream's error body with every configured key (and anything
+    shaped like an Anthropic key) replaced, as the dumps do: some backends
+    repeat the key they were sent in a 401. Bytes that are not UTF-8 are
+    kept as they are.
+    """
+    text = answer.decode("utf-8", "surrogateescape")
+    redacted = redact_text(text, secrets)
+    if redacted == text:
+        return answer
+    return redacted.encode("utf-8", "surrogateescape")
+
+
+def _stamp_request_id(request) -> None:
+    """Give an answer the relay makes itself its ``x-relay-request-id``, as every answer has."""
+    request.setHeader(RELAY_REQUEST_ID_HEADER, _new_request_id().encode("ascii"))
 
 
 def _whole(request, body: bytes) -> bytes:

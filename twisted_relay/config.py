@@ -8,13 +8,28 @@ and what an application embedding the relay builds itself.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
-__all__ = ["RelayConfig", "DEFAULT_LISTEN", "DEFAULT_UPSTREAM", "MiB"]
+__all__ = ["RelayConfig", "DEFAULT_LISTEN", "DEFAULT_UPSTREAM", "MiB", "default_bodies_in_flight"]
 
 MiB = 1024 * 1024
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
 DEFAULT_UPSTREAM = "https://api.anthropic.com"
+
+
+def default_bodies_in_flight() -> int:
+    """
+    The default limit of request-body bytes in flight: a 64th of the
+    machine's memory, and at least one largest body (32 MiB). A body of
+    many tiny messages costs about twelve times its size while it is parsed
+    and translated, so the default keeps that peak near a fifth of memory.
+    """
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 256 * MiB
+    return max(32 * MiB, memory // 64)
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,10 @@ class RelayConfig:
     :ivar ping_interval: seconds of upstream silence after which the relay
         sends its own ``ping`` event to the client; 0 disables.
     :ivar max_body: largest request body accepted, in bytes.
+    :ivar max_bodies_in_flight: bytes of request bodies one relay process
+        holds at once; past it a new body gets ``529 overloaded_error``
+        (one body is always let in when none is held). 0 for no limit.
+        The default is :func:`default_bodies_in_flight`.
     :ivar max_upstream_connections: persistent connections kept per
         upstream host (concurrent streams each hold one).
     :ivar dump_dir: folder for diagnostic dumps of upstream 4xx answers;
@@ -85,6 +104,7 @@ class RelayConfig:
     idle_timeout: float = 300.0
     ping_interval: float = 10.0
     max_body: int = 32 * MiB
+    max_bodies_in_flight: int = field(default_factory=lambda: default_bodies_in_flight())
     max_upstream_connections: int = 1024
     dump_dir: str | None = "relay-dumps"
     dump_max_bytes: int = 64 * MiB

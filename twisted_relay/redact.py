@@ -142,10 +142,13 @@ def redact_url(url: str, secrets: Iterable[str] = ()) -> str:
 
 def _forms(secret: str) -> set[str]:
     """Every spelling a secret can take in a serialised dump."""
+    escaped = json.dumps(secret, ensure_ascii=True)[1:-1]
     return {
         secret,
         json.dumps(secret, ensure_ascii=False)[1:-1],
-        json.dumps(secret, ensure_ascii=True)[1:-1],
+        escaped,
+        # Some serialisers (ujson's default) escape "/" too.
+        escaped.replace("/", "\\/"),
         quote(secret, safe=""),
         quote_plus(secret, safe=""),
     }

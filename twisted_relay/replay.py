@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None, stdout: IO[str] | None = None,
     except (OSError, ValueError) as e:
         print(f"twisted-relay-replay: cannot read {options.dump}: {e}", file=err)
         return 2
+    missing = _not_a_dump(dump)
+    if missing is not None:
+        print(f"twisted-relay-replay: {options.dump} is not a relay dump: {missing}", file=err)
+        return 2
     if options.send:
         key = options.api_key or os.environ.get("ANTHROPIC_API_KEY")
         return _send(dump, options.send, key, options.timeout, out, err)
@@ -147,6 +151,24 @@ def _print_summary(path: str, dump: dict, out: IO[str]) -> None:
         ) + "\n"
     for line in text.splitlines():
         print(f"  {line}", file=out)
+
+
+# What every dump holds, whatever its bodies.
+_DUMP_SECTIONS = ("client_request", "upstream_request", "response")
+
+
+def _not_a_dump(dump) -> str | None:
+    """Why a parsed JSON file is not a dump the relay wrote, or ``None`` when it is one."""
+    if not isinstance(dump, dict):
+        return "it is not a JSON object"
+    if not isinstance(dump.get("format"), int):
+        return "it has no format number"
+    if not isinstance(dump.get("relay_request_id"), str):
+        return "it has no relay_request_id"
+    for section in _DUMP_SECTIONS:
+        if not isinstance(dump.get(section), dict):
+            return f"it has no {section} section"
+    return None
 
 
 # -- checking ------------------------------------------------------------------

@@ -185,6 +185,7 @@ class Relay:
             self.app.resource(),
             max_body=config.max_body,
             request_read_timeout=config.request_read_timeout or None,
+            max_bodies_in_flight=config.max_bodies_in_flight,
         )
         shared = []
         for description in config.listen:

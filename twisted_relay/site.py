@@ -15,24 +15,62 @@ from twisted.web.server import Request, Site
 from twisted_relay import _twisted
 from twisted_relay.errors import RelayError
 
-__all__ = ["RelaySite"]
+__all__ = ["BodyBudget", "RelaySite"]
+
+
+class BodyBudget:
+    """
+    The bytes of request bodies a relay process holds at once, and their
+    limit (0: none). A body is counted from its first byte (its whole
+    declared length at once) until its request is finished or its
+    connection lost. One body is always let in when none is held, however
+    large (``max_body`` bounds it).
+
+    :ivar held: bytes counted now.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+
+    def reserve(self, size: int) -> bool:
+        """Count ``size`` more bytes, if the limit allows; say whether it did."""
+        if self.limit and self.held and self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def release(self, size: int) -> None:
+        """Stop counting ``size`` bytes."""
+        self.held -= size
 
 
 class _RelayRequest(Request):
     """
     A request that stops storing its body once it is over the site's
     ``max_body``: the route then answers 413, and the relay never holds an
-    oversized body in memory or on disk.
+    oversized body in memory or on disk. A body the site's ``body_budget``
+    has no room for is not stored either (``over_budget``): the route
+    answers 529.
     """
 
     body_too_large = False
+    over_budget = False
     _limit = None
     _received = 0
+    _reserved = 0
+    _counted_per_chunk = False
 
     def gotLength(self, length):
         self._limit = getattr(self.channel.site, "max_body", None)
         if self._limit is not None and length is not None and length > self._limit:
             self.body_too_large = True
+            self.content = io.BytesIO()
+            return
+        if length is None:
+            # Chunked: counted as it comes.
+            self._counted_per_chunk = True
+        elif not self._reserve(length):
             self.content = io.BytesIO()
             return
         # In memory, however large: the route reads the whole body into
@@ -54,7 +92,7 @@ class _RelayRequest(Request):
             channel.release_headers()
 
     def handleContentChunk(self, data):
-        if self.body_too_large:
+        if self.body_too_large or self.over_budget:
             return
         self._received += len(data)
         if self._limit is not None and self._received > self._limit:
@@ -62,7 +100,29 @@ class _RelayRequest(Request):
             self.content.close()
             self.content = io.BytesIO()
             return
+        if self._counted_per_chunk and not self._reserve(len(data)):
+            self.content.close()
+            self.content = io.BytesIO()
+            return
         self.content.write(data)
+
+    def _reserve(self, size: int) -> bool:
+        """Count ``size`` body bytes in the site's budget; mark the request ``over_budget`` if it is full."""
+        budget = getattr(self.channel.site, "body_budget", None)
+        if budget is None or not size:
+            return True
+        if not budget.reserve(size):
+            self.over_budget = True
+            return False
+        if not self._reserved:
+            self.notifyFinish().addBoth(self._release_body, budget)
+        self._reserved += size
+        return True
+
+    def _release_body(self, result, budget: BodyBudget):
+        budget.release(self._reserved)
+        self._reserved = 0
+        return None
 
 
 class _RelayChannel(HTTPChannel):
@@ -204,7 +264,8 @@ class RelaySite(Site):
     A ``Site`` for the relay.
 
     It writes no access-log line (the relay logs one structured event per
-    request itself), stops storing request bodies over ``max_body``, and
+    request itself), stops storing request bodies over ``max_body`` or past
+    ``max_bodies_in_flight`` bytes of bodies held at once (0: no limit), and
     cuts clients that take over ``request_read_timeout`` seconds to send a
     request. Idle keep-alive connections close after ``timeout`` seconds.
     """
@@ -213,7 +274,7 @@ class RelaySite(Site):
     protocol = _RelayChannel
 
     def __init__(self, resource, *, max_body: int | None = None, request_read_timeout: float | None = None,
-                 timeout: float = 120, **kwargs):
+                 max_bodies_in_flight: int = 0, timeout: float = 120, **kwargs):
         # The relay reads JSON bodies, never HTML forms: no form parsing,
         # which costs every POST an email.message parse and fails on odd
         # Content-Type values (where this Twisted lets it be turned off).
@@ -222,6 +283,7 @@ class RelaySite(Site):
         super().__init__(resource, timeout=timeout, **kwargs)
         self.max_body = max_body
         self.request_read_timeout = request_read_timeout
+        self.body_budget = BodyBudget(max_bodies_in_flight)
 
     def log(self, request) -> None:
         pass

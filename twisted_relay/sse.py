@@ -323,6 +323,31 @@ def parse_event(raw: bytes) -> tuple[str | None, str]:
     return name or None, "\n".join(data)
 
 
+def _unterminated_last_event(pending: bytes, reason: Failure | None) -> bytes | None:
+    """
+    The line ends that complete a last event sent without its blank line,
+    or ``None`` when ``pending`` is not such an event.
+
+    Some upstreams end a stream with ``data: {"type":"message_stop"}`` and
+    no blank line (or no line end at all), then end the body properly; the
+    SDKs read that event whole. It is one only when the body ended cleanly
+    (``ResponseDone``, not a lost connection) and the held lines form an
+    event whose data is whole JSON, as every Messages event's is.
+    """
+    if not pending or not (reason is None or reason.check(ResponseDone)):
+        return None
+    try:
+        _, data = parse_event(pending)
+        ujson.loads(data)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if pending.endswith(b"\r\n"):
+        return b"\r\n"
+    if pending.endswith((b"\n", b"\r")):
+        return pending[-1:]
+    return b"\n\n"
+
+
 def _ending(reason: Failure | None) -> str:
     """How an upstream body ended, in words for an error message."""
     if reason is None or reason.check(ResponseDone):
@@ -476,6 +501,12 @@ class SSEGate(Protocol):
         self._drain()
         if self.done.called:
             return
+        tail = _unterminated_last_event(self._framer.pending, reason)
+        if tail is not None:
+            self._framer._append(tail)
+            self._drain()
+            if self.done.called:
+                return
         why = _ending(reason)
         if self._framer.pending:
             self._fail(

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from urllib.parse import urlsplit
 
 from twisted.python import usage
 
-from twisted_relay.config import DEFAULT_LISTEN, DEFAULT_UPSTREAM, MiB, RelayConfig
+from twisted_relay.config import DEFAULT_LISTEN, DEFAULT_UPSTREAM, MiB, RelayConfig, default_bodies_in_flight
 from twisted_relay.translation import POLICIES
 
 __all__ = ["Options", "makeService"]
@@ -52,6 +53,15 @@ def _read_keys(path: str) -> tuple[str, ...]:
     if not keys:
         raise usage.UsageError("--relay-keys: %r holds no key." % (path,))
     return keys
+
+
+def _bodies_in_flight(value: str | None) -> int:
+    """``--max-bodies-in-flight``: a size, 0 for no limit, the machine's default when not given."""
+    if value is None:
+        return default_bodies_in_flight()
+    if value.strip() == "0":
+        return 0
+    return _size("max-bodies-in-flight", value)
 
 
 def _size(name: str, value: str) -> int:
@@ -97,6 +107,13 @@ class Options(usage.Options):
         ["idle-timeout", None, "300", "Seconds of upstream silence inside a stream before giving up."],
         ["ping-interval", None, "10", "Seconds of upstream silence before the relay sends a ping (0: never)."],
         ["max-body", None, "32M", "Largest request body accepted (Anthropic's own limit is 32 MiB)."],
+        [
+            "max-bodies-in-flight",
+            None,
+            None,
+            "Bytes of request bodies held at once; past it, 529 overloaded_error (0: no limit). "
+            "Default: a 64th of the machine's memory, at least 32M.",
+        ],
         ["max-upstream-connections", None, "1024", "Persistent upstream connections kept per host."],
         ["dump-dir", None, "relay-dumps", "Folder for diagnostic dumps of upstream 4xx answers."],
         ["dump-max-bytes", None, "64M", "Largest dump written whole; larger ones are truncated visibly."],
@@ -129,7 +146,7 @@ class Options(usage.Options):
             "Relay processes sharing the tcp: listen addresses (SO_REUSEPORT), this one included: "
             "one per core uses every core.",
         ],
-        ["simulate-seed", None, "1", "Seed of the simulated upstream."],
+        ["simulate-seed", None, "0", "Seed of the simulated upstream (the same default as twisted-relay-simulated)."],
         ["simulate-reuse-every", None, "3", "The simulated model reuses an id every N tool calls (0: never)."],
         ["simulate-event-delay", None, "0", "Seconds between the simulated upstream's stream events."],
     ]
@@ -157,6 +174,16 @@ class Options(usage.Options):
         self["listen"].append(description)
 
     opt_l = opt_listen
+
+    def opt_version(self) -> None:
+        """Display the relay's version and Twisted's, and exit."""
+        from twisted import copyright
+
+        from twisted_relay._version import __version__
+
+        print("twisted-relay version:", __version__)
+        print("Twisted version:", copyright.version)
+        sys.exit(0)
 
     def postOptions(self) -> None:
         from twisted.internet import reactor
@@ -242,6 +269,7 @@ class Options(usage.Options):
             idle_timeout=_positive("idle-timeout", self["idle-timeout"]),
             ping_interval=_positive("ping-interval", self["ping-interval"], allow_zero=True),
             max_body=_size("max-body", self["max-body"]),
+            max_bodies_in_flight=_bodies_in_flight(self["max-bodies-in-flight"]),
             max_upstream_connections=max_connections,
             dump_dir=None if self["no-dumps"] else self["dump-dir"],
             dump_max_bytes=_size("dump-max-bytes", self["dump-max-bytes"]),

@@ -690,6 +690,13 @@ class RequestTranslation:
         """The references that point at no earlier declaration."""
         return self.table.orphans
 
+    def forget_body(self) -> None:
+        """
+        Drop :attr:`upstream_body` (once it is serialised): nothing else in
+        the translation needs it, and a large body's objects are freed.
+        """
+        self.upstream_body = None
+
     def response(self) -> ResponseTranslator:
         """A fresh :class:`ResponseTranslator` for one response to this request."""
         return ResponseTranslator(self._history)

@@ -7,6 +7,7 @@ This module knows Twisted's HTTP client; it knows nothing of tool-use ids or SSE
 
 from __future__ import annotations
 
+import re
 from http.cookiejar import CookieJar
 from typing import Iterable
 from urllib.parse import urlsplit
@@ -47,6 +48,7 @@ __all__ = [
     "UpstreamClient",
     "UpstreamEndpoints",
     "client_response_headers",
+    "connection_tokens",
     "upstream_request_headers",
 ]
 
@@ -102,6 +104,26 @@ def _copy_headers(headers: Headers, skip: Iterable[bytes]) -> Headers:
     return copied
 
 
+# What RFC 9110 5.5 does not allow in a field value: control bytes other
+# than horizontal tab, and DEL. (Twisted's server refuses CR, LF and NUL itself.)
+_CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _refuse_control_bytes(headers: Headers) -> None:
+    """
+    Refuse (400) headers whose values hold control bytes: forwarded, they
+    could be read differently by each server on the way.
+    """
+    for name, values in headers.getAllRawHeaders():
+        for value in values:
+            if _CONTROL_BYTES.search(value) is not None:
+                raise RelayError(
+                    400,
+                    "The value of header %s holds a control character, which HTTP does not allow."
+                    % (name.decode("latin-1")[:100],),
+                )
+
+
 def upstream_request_headers(
     client_headers: Headers, upstream_key: str | None, *, strip_credentials: bool = False
 ) -> Headers:
@@ -113,8 +135,11 @@ def upstream_request_headers(
     upstream key configured, the client's own credentials are replaced by it;
     with ``strip_credentials`` (the client's key is a relay key) they are
     never forwarded.
+
+    :raises RelayError: 400 for a forwarded value holding a control byte.
     """
     headers = _copy_headers(client_headers, _NOT_FORWARDED_UPSTREAM)
+    _refuse_control_bytes(headers)
     if upstream_key or strip_credentials:
         for name in _CREDENTIALS:
             headers.removeHeader(name)
@@ -123,15 +148,33 @@ def upstream_request_headers(
     return headers
 
 
-def client_response_headers(upstream_headers: Headers) -> Headers:
+def client_response_headers(upstream_headers: Headers, connection_tokens: Iterable[bytes] = ()) -> Headers:
     """
     The upstream's response headers as the client should get them.
 
     ``request-id``, rate-limit headers, ``retry-after`` and
-    ``x-should-retry`` pass through; hop-by-hop headers and those the relay's
-    own server writes do not.
+    ``x-should-retry`` pass through; hop-by-hop headers, those the upstream's
+    ``Connection`` header names (``connection_tokens``, see
+    :func:`connection_tokens`) and those the relay's own server writes do not.
     """
-    return _copy_headers(upstream_headers, _NOT_FORWARDED_TO_CLIENT)
+    return _copy_headers(upstream_headers, _NOT_FORWARDED_TO_CLIENT | frozenset(connection_tokens))
+
+
+def connection_tokens(response: IResponse) -> frozenset[bytes]:
+    """
+    The header names, lower-cased, that an upstream response's
+    ``Connection`` header lists: hop-by-hop for that response alone
+    (RFC 9110 7.6.1). Twisted keeps ``Connection`` apart from
+    ``response.headers``; the relay's connections note its tokens
+    (``_twisted``, ``connection_header``). Empty where they could not.
+    """
+    # Under treq's wrappers (its response, a decoder's) is Twisted's response.
+    while response is not None:
+        tokens = getattr(response, "relay_connection_tokens", None)
+        if tokens is not None:
+            return tokens
+        response = getattr(response, "original", None)
+    return frozenset()
 
 
 class _BodyReader(Protocol):
@@ -580,6 +623,11 @@ def _tls_failure(failure) -> str | None:
     return None
 
 
+def _clause(message: str) -> str:
+    """An exception's message fit to end a sentence of ours: its own final periods dropped."""
+    return message.strip().rstrip(".")
+
+
 def _relay_error_for(failure, base_url: str) -> RelayError:
     """Turn a connection-level failure into the error a client sees."""
     tls = _tls_failure(failure)
@@ -600,7 +648,7 @@ def _relay_error_for(failure, base_url: str) -> RelayError:
         return RelayError(
             502,
             "Could not connect to the upstream at %s: %s."
-            % (base_url, failure.getErrorMessage() or failure.type.__name__),
+            % (base_url, _clause(failure.getErrorMessage()) or failure.type.__name__),
             kind="connect",
         )
     if failure.check(ResponseNeverReceived):
@@ -609,9 +657,17 @@ def _relay_error_for(failure, base_url: str) -> RelayError:
             "The upstream at %s closed the connection before answering." % (base_url,),
             kind="dropped",
         )
+    if failure.check(ResponseFailed):
+        # Its reasons are Failures, whose text is a Python repr: say it in words.
+        return RelayError(
+            502,
+            "The upstream at %s broke off its answer before its headers were complete, or sent a "
+            "header line longer than the relay reads (%d bytes)." % (base_url, _twisted.HEADER_LINE_LIMIT),
+            kind="failed",
+        )
     return RelayError(
         502,
         "The request to the upstream at %s failed: %s."
-        % (base_url, failure.getErrorMessage() or failure.type.__name__),
+        % (base_url, _clause(failure.getErrorMessage()) or failure.type.__name__),
         kind="failed",
     )
