@@ -117,9 +117,6 @@ class NamedCases(SynchronousTestCase):
             cut = 3 + len(line) + 1  # just after the trailer's CR
             for decoder_class in (CoalescingChunkedDecoder, TwistedChunkedDecoder):
                 _, rest, got, complete = _run(decoder_class, [wire[:cut], wire[cut:]])
-                if decoder_class is TwistedChunkedDecoder and _old_trailer_limit():
-                    # The Twisted floor counts trailer bytes its older way.
-                    continue
                 self.assertIs(got, error, (decoder_class, extra))
                 self.assertEqual(complete, error is None)
 
@@ -230,10 +227,3 @@ class AgreesWithTwisted(SynchronousTestCase):
         theirs = _run(TwistedChunkedDecoder, reads)
         self.assertEqual(ours[1:], theirs[1:])
         self.assertEqual(b"".join(ours[0]), b"".join(theirs[0]))
-
-
-def _old_trailer_limit() -> bool:
-    """Whether this Twisted's decoder refuses trailers of exactly 2**16 bytes (the floor release, 24.3, does)."""
-    line = b"x: " + b"y" * (2**16 - 2 - 3)
-    wire = b"0\r\n" + line + b"\r\n\r\n"
-    return _run(TwistedChunkedDecoder, [wire])[2] is not None

@@ -29,7 +29,6 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.http_headers import Headers
 from twisted.web.server import Site
 
-from twisted_relay import _twisted
 from twisted_relay.config import RelayConfig
 from twisted_relay.errors import ERROR_TYPES
 from twisted_relay.service import Relay, RelaySite
@@ -513,9 +512,8 @@ class RealSocketFuzzTests(AnswerJudge, TestCase):
 
     def setUp(self):
         # Like Anthropic's API, the upstream does not parse form bodies: a
-        # body the relay forwards with a multipart content type reaches it
-        # (where this Twisted lets a Site be told so).
-        upstream_site = Site(SimulatedUpstream(mode="strict").resource(), **_twisted.site_options())
+        # body the relay forwards with a multipart content type reaches it.
+        upstream_site = Site(SimulatedUpstream(mode="strict").resource(), parsePOSTFormSubmission=False)
         upstream_site.noisy = False
         upstream_port = reactor.listenTCP(0, upstream_site, interface="127.0.0.1")
         self.addCleanup(upstream_port.stopListening)

@@ -53,7 +53,6 @@ from twisted.internet.defer import succeed
 from twisted.logger import Logger
 from twisted.web import client as _client
 from twisted.web import http as _http
-from twisted.web.server import Site
 
 __all__ = [
     "CHUNK_EXTENSION_CHARS",
@@ -66,7 +65,6 @@ __all__ = [
     "one_send_request",
     "probe",
     "send_now",
-    "site_options",
     "use",
 ]
 
@@ -585,21 +583,6 @@ def _probe_connection_header() -> str | None:
     if taken_back:
         return "a connection answered with Connection: close, ... was pooled again"
     return None
-
-
-# -- the server side ------------------------------------------------------------
-
-
-def site_options() -> dict:
-    """
-    ``Site`` keyword arguments the relay sets where this Twisted has them: no
-    form parsing of request bodies (``parsePOSTFormSubmission``, Twisted 25.5
-    and later; before it, Twisted parses a form body, which the relay never
-    receives from Messages clients).
-    """
-    if "parsePOSTFormSubmission" in inspect.signature(Site.__init__).parameters:
-        return {"parsePOSTFormSubmission": False}
-    return {}
 
 
 # -- checking and choosing ----------------------------------------------------
