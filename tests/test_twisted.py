@@ -198,3 +198,21 @@ class FallbackTests(TestCase):
             ids = [block["id"] for block in blocks if block["type"] == "tool_use"]
             self.assertEqual(ids, ["toolu_01AAAAAAAAAAAAAAAAAAAAAA-2"])
         self.assertEqual(len(sim.requests), 3)
+
+
+class ListenErrorTests(TestCase):
+    """``raise_listen_errors``: a port in use fails the listening service's start at once."""
+
+    def test_port_in_use_raises(self):
+        """The service's start raises Twisted's ``CannotListenError`` (twistd then stops with it)."""
+        from twisted.application.internet import StreamServerEndpointService
+        from twisted.internet.endpoints import TCP4ServerEndpoint
+        from twisted.internet.error import CannotListenError
+
+        taken = reactor.listenTCP(0, Factory(), interface="127.0.0.1")
+        self.addCleanup(taken.stopListening)
+        service = StreamServerEndpointService(
+            TCP4ServerEndpoint(reactor, taken.getHost().port, interface="127.0.0.1"), Factory()
+        )
+        _twisted.raise_listen_errors(service)
+        self.assertRaises(CannotListenError, service.privilegedStartService)

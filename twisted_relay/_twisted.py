@@ -64,6 +64,7 @@ __all__ = [
     "connection_pool",
     "one_send_request",
     "probe",
+    "raise_listen_errors",
     "send_now",
     "use",
 ]
@@ -583,6 +584,23 @@ def _probe_connection_header() -> str | None:
     if taken_back:
         return "a connection answered with Connection: close, ... was pooled again"
     return None
+
+
+# -- the listening ports ---------------------------------------------------------
+
+
+def raise_listen_errors(service) -> None:
+    """
+    Make a ``StreamServerEndpointService`` fail its start when it cannot
+    listen (a port in use stops ``twistd`` with the error at once), as
+    ``twistd``'s own ``--port`` services do, through the service's
+    ``_raiseSynchronously``; where Twisted has no such attribute, the error
+    is logged as Twisted logs it (the relay then serves on no port).
+    """
+    if "_raiseSynchronously" in _hidden or not hasattr(type(service), "_raiseSynchronously"):
+        _log.warn("Twisted internals: a listening error will be logged, not raised at start")
+        return
+    service._raiseSynchronously = True
 
 
 # -- checking and choosing ----------------------------------------------------

@@ -17,6 +17,7 @@ from twisted.internet import endpoints
 from twisted.logger import Logger
 from twisted.internet.defer import DeferredList, maybeDeferred, succeed
 
+from twisted_relay import _twisted
 from twisted_relay._version import __version__
 from twisted_relay.app import RelayApp
 from twisted_relay.config import RelayConfig
@@ -195,7 +196,7 @@ class Relay:
             else:
                 listener = StreamServerEndpointService(endpoints.serverFromString(reactor, description), site)
                 # A port already in use stops twistd with a clear error at start.
-                listener._raiseSynchronously = True
+                _twisted.raise_listen_errors(listener)
             listener.setServiceParent(self.service)
         if config.workers > 1 and not worker and shared:
             WorkerProcesses(reactor, config, shared, lambda: self.client.base_url).setServiceParent(self.service)
