@@ -250,8 +250,16 @@ class Conversation:
         return cls(fields, messages)
 
     def encode(self) -> bytes:
-        """The bytes a store keeps."""
-        return dumps({"v": _CONVERSATION_VERSION, "fields": self.fields, "messages": self.messages})
+        """
+        The bytes a store keeps: JSON in ASCII (other characters escaped),
+        built through an ASCII string. A conversation with one character
+        outside the BMP would otherwise be built through a string of four
+        bytes a character, and these large temporaries, freed between the
+        conversations kept, leave the heap fragmented (RSS measured at 1.8
+        times the bytes kept, against 1.0 this way: bench/thread_memory.py).
+        """
+        value = {"v": _CONVERSATION_VERSION, "fields": self.fields, "messages": self.messages}
+        return ujson.dumps(value, ensure_ascii=True, escape_forward_slashes=False).encode("ascii")
 
     @classmethod
     def decode(cls, data: bytes) -> Conversation:
