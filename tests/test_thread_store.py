@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet import defer, reactor, task
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
@@ -28,6 +30,14 @@ def code_of(failure_or_error) -> str:
     error = getattr(failure_or_error, "value", failure_or_error)
     assert isinstance(error, ThreadError), error
     return error.error_code
+
+
+def begin_now(store, key):
+    """A memory store's begin, whose Deferred has fired: the bytes, or the error code."""
+    result = []
+    store.begin(key).addBoth(result.append)
+    value = result[0]
+    return value if isinstance(value, bytes) else code_of(value)
 
 
 class RulesMixin:
@@ -105,10 +115,7 @@ class MemoryStoreTests(SynchronousTestCase):
         self.clock = Clock()
 
     def begin(self, store, key):
-        result = []
-        store.begin(key).addBoth(result.append)
-        value = result[0]
-        return value if isinstance(value, bytes) else code_of(value)
+        return begin_now(store, key)
 
     def test_ttl_after_last_use(self):
         """A thread lives ttl seconds after its last use: a continue renews it; then it expires."""
@@ -212,6 +219,63 @@ class MemoryStoreTests(SynchronousTestCase):
         self.assertIsInstance(thread_store_for("memory", self.clock), MemoryThreadStore)
         for bad in ("redis:", "http://x", "redis:///0", "redis://h/db"):
             self.assertRaises(ValueError, thread_store_for, bad, self.clock)
+
+
+OPERATIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["create", "begin", "continue", "abort", "advance"]),
+        st.integers(0, 7),
+        st.integers(0, 7),
+        st.integers(0, 60),
+    ),
+    max_size=60,
+)
+
+
+class MemoryStorePropertyTests(SynchronousTestCase):
+    @settings(max_examples=300, deadline=None)
+    @given(operations=OPERATIONS, max_threads=st.integers(1, 5), max_bytes=st.integers(8, 120))
+    def test_bounds_and_contents(self, operations, max_threads, max_bytes):
+        """Whatever happens, the store stays within its bounds, hands out only the bytes last
+        committed under an id, never hands out an answer that was continued since, and a commit
+        is found right after (when it fits)."""
+        clock = Clock()
+        store = MemoryThreadStore(clock, ttl=100, max_threads=max_threads, max_bytes=max_bytes)
+        latest, continued, serial = {}, set(), 0
+        for op, a, b, amount in operations:
+            key, other = f"m{a}", f"m{b}"
+            if op == "create":
+                serial += 1
+                data = b"d%d" % serial * (amount // 8 + 1)
+                store.commit(key, data)
+                latest[key] = data
+                continued.discard(key)
+                if len(data) + len(key) <= max_bytes:
+                    self.assertEqual(begin_now(store, key), data)
+                    store.abort(key)
+            elif op in ("begin", "continue"):
+                got = begin_now(store, key)
+                if isinstance(got, bytes):
+                    self.assertEqual(got, latest[key])
+                    self.assertNotIn(key, continued)
+                    if op == "continue" and other != key:
+                        serial += 1
+                        data = b"c%d" % serial
+                        store.commit(other, data, key)
+                        latest[other] = data
+                        continued.discard(other)
+                        continued.add(key)
+                    else:
+                        store.abort(key)
+                else:
+                    self.assertIn(got, ("thread_not_found", "thread_already_continued"))
+            elif op == "abort":
+                store.abort(key)
+            else:
+                clock.advance(amount)
+            threads, held = store.size()
+            self.assertLessEqual(threads, max_threads)
+            self.assertLessEqual(held, max_bytes)
 
 
 class RedisRulesTests(RulesMixin, TestCase):

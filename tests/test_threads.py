@@ -307,3 +307,41 @@ class AssembleTests(SynchronousTestCase):
         exact = AnswerRecorder(limit=len(data))
         exact.write(data)
         self.assertIsNotNone(exact.message())
+
+
+class GateRecorderTests(SynchronousTestCase):
+    """The recorder on the gate's output keeps the answer as the client got it (ids translated)."""
+
+    def test_recorded_answer_has_the_client_ids(self):
+        """An upstream answer reusing an id is recorded with the id the relay gave the client."""
+        from twisted.internet.task import Clock
+        from twisted.internet.testing import StringTransport
+        from twisted.python.failure import Failure
+        from twisted.web.client import ResponseDone
+
+        from twisted_relay.sse import SSEGate
+        from twisted_relay.translation import translate_request
+
+        call = {"type": "tool_use", "id": "toolu_A", "name": "get_weather", "input": {"city": "Zürich"}}
+        history = {"model": "m", "max_tokens": 9, "tools": TOOLS, "messages": [
+            user("go"), {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_A", "content": "ok"}]},
+        ]}
+        upstream_answer = answer("msg_9", {"type": "text", "text": "again"}, dict(call, input={"city": "東京"}))
+        upstream_answer["stop_reason"] = "tool_use"
+        data, _ = encode_events(message_events(upstream_answer, seeded_rng(9)))
+        recorder = AnswerRecorder(limit=10**6)
+        sink = []
+        gate = SSEGate(recorder.tee(sink.append), translate_request(history).response(), clock=Clock())
+        gate.makeConnection(StringTransport())
+        for start in range(0, len(data), 37):
+            gate.dataReceived(data[start:start + 37])
+        gate.connectionLost(Failure(ResponseDone()))
+        self.assertTrue(gate.done.called)
+        recorded = recorder.message()
+        self.assertEqual(recorded, assemble_stream(b"".join(sink)))
+        self.assertEqual(recorded["content"][1]["id"], "toolu_A-2")
+        self.assertEqual(recorded["content"][1]["input"], {"city": "東京"})
+        expected = dict(upstream_answer, content=[upstream_answer["content"][0], dict(call, id="toolu_A-2",
+                                                                                   input={"city": "東京"})])
+        self.assertEqual(recorded["content"], expected["content"])

@@ -138,7 +138,8 @@ class MemoryThreadStore:
         # Answers continued, kept to answer thread_already_continued, with
         # their expiry; at most as many as threads.
         self._continued: OrderedDict[str, float] = OrderedDict()
-        self._in_flight: dict[str, float] = {}
+        # Holds of continues in flight, with their end; oldest first.
+        self._in_flight: OrderedDict[str, float] = OrderedDict()
         self._bytes = 0
         self.hits = self.misses = self.evictions = self.expirations = self.failures = 0
 
@@ -157,19 +158,18 @@ class MemoryThreadStore:
                 break
             self._drop(key)
             self.expirations += 1
-        continued = self._continued
-        while continued:
-            key, expires = next(iter(continued.items()))
-            if expires > now:
-                break
-            del continued[key]
+        for marks in (self._continued, self._in_flight):
+            while marks:
+                key, expires = next(iter(marks.items()))
+                if expires > now:
+                    break
+                del marks[key]
 
     def begin(self, previous_message_id: str) -> defer.Deferred:
         now = self._clock.seconds()
         self._expire(now)
         key = previous_message_id
-        lease = self._in_flight.get(key)
-        if lease is not None and lease > now:
+        if key in self._in_flight:
             return defer.fail(continue_in_flight())
         if key in self._continued:
             return defer.fail(already_continued())
