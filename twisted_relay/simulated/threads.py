@@ -28,13 +28,7 @@ from twisted.python.failure import Failure
 
 from twisted_relay.simulated.model import Rejection
 from twisted_relay.thread_store import MemoryThreadStore
-from twisted_relay.threads import (
-    CONTINUE,
-    Conversation,
-    plain_request,
-    rebuild_request,
-    thread_of,
-)
+from twisted_relay.thread_turns import ThreadKeeper, ThreadTurn
 
 __all__ = ["THREAD_MODES", "SimulatedThreads", "ThreadTurn"]
 
@@ -52,32 +46,6 @@ def _now(d) -> Any:
     return result
 
 
-class ThreadTurn:
-    """What a thread request leaves to settle once its answer is written (or not)."""
-
-    def __init__(self, store: MemoryThreadStore, request: dict, previous_message_id: str | None):
-        self._store = store
-        self._request = request
-        self._previous = previous_message_id
-        self._settled = False
-
-    def answered(self, message: dict) -> None:
-        """The answer went out whole: keep the thread under its id."""
-        if self._settled:
-            return
-        self._settled = True
-        data = Conversation.after(self._request, message).encode()
-        self._store.commit(message["id"], data, self._previous)
-
-    def failed(self) -> None:
-        """The answer did not go out: the thread stays where it was."""
-        if self._settled:
-            return
-        self._settled = True
-        if self._previous is not None:
-            self._store.abort(self._previous)
-
-
 class SimulatedThreads:
     """
     The simulated upstream's threads.
@@ -93,14 +61,17 @@ class SimulatedThreads:
         self.mode = mode
         self._clock = clock
         self._ttl = ttl
-        self._store: MemoryThreadStore | None = None
+        self._keeper: ThreadKeeper | None = None
 
     @property
     def store(self) -> MemoryThreadStore:
         """The threads kept (``knows``)."""
-        if self._store is None:
-            self._store = MemoryThreadStore(self._clock(), ttl=self._ttl, max_threads=1024)
-        return self._store
+        return self._thread_keeper().store
+
+    def _thread_keeper(self) -> ThreadKeeper:
+        if self._keeper is None:
+            self._keeper = ThreadKeeper(MemoryThreadStore(self._clock(), ttl=self._ttl, max_threads=1024))
+        return self._keeper
 
     def open(self, body: Any) -> tuple[Any, ThreadTurn | None]:
         """
@@ -115,17 +86,9 @@ class SimulatedThreads:
             return body, None
         if self.mode == "rejects":
             raise Rejection(400, "invalid_request_error", "thread: Extra inputs are not permitted")
-        thread = thread_of(body)
-        if thread is None:
-            return plain_request(body), None
-        if thread.kind != CONTINUE:
-            plain = plain_request(body)
-            return plain, ThreadTurn(self.store, plain, None)
-        previous = thread.previous_message_id
-        data = _now(self.store.begin(previous))
-        try:
-            plain = rebuild_request(body, Conversation.decode(data))
-        except BaseException:
-            self.store.abort(previous)
-            raise
-        return plain, ThreadTurn(self.store, plain, previous)
+        turn = _now(self._thread_keeper().open(body))
+        if turn is None:
+            body = dict(body)
+            del body["thread"]
+            return body, None
+        return turn.request, turn
