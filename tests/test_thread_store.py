@@ -97,6 +97,23 @@ class RulesMixin:
         self.assertEqual((yield self.outcome(self.store.begin("msg_1"))), b"new")
 
     @defer.inlineCallbacks
+    def test_recreate_after_continued(self):
+        """A create whose answer has the id of an answer continued before can be continued again."""
+        yield self.store.commit("msg_1", b"one")
+        yield self.store.begin("msg_1")
+        yield self.store.commit("msg_2", b"two", "msg_1")
+        yield self.store.commit("msg_1", b"again")
+        self.assertEqual((yield self.outcome(self.store.begin("msg_1"))), b"again")
+
+    @defer.inlineCallbacks
+    def test_answer_under_its_previous_id(self):
+        """An answer that has the id of the answer it continued is kept and free to continue."""
+        yield self.store.commit("msg_1", b"one")
+        yield self.store.begin("msg_1")
+        yield self.store.commit("msg_1", b"two", "msg_1")
+        self.assertEqual((yield self.outcome(self.store.begin("msg_1"))), b"two")
+
+    @defer.inlineCallbacks
     def test_binary_and_unicode(self):
         """Any bytes are kept as they are, under any id."""
         data = "é 東京 \U0001f527".encode() + bytes(range(256))

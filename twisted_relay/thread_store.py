@@ -234,14 +234,16 @@ redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
 return {'ok', v}
 """
 
-# KEYS: new thread[, previous thread, previous continued marker, previous lease].
-# ARGV: data, ttl ms.
+# KEYS: new thread, its continued marker[, previous thread, previous continued
+# marker, previous lease]. ARGV: data, ttl ms. The previous answer is settled
+# first, so that an answer under its own previous id is kept.
 _COMMIT = b"""
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if #KEYS > 1 then
-  redis.call('DEL', KEYS[2], KEYS[4])
-  redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
+if #KEYS > 2 then
+  redis.call('DEL', KEYS[3], KEYS[5])
+  redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('DEL', KEYS[2])
 return 1
 """
 
@@ -354,7 +356,7 @@ class RedisThreadStore:
         return d.addCallback(answered).addErrback(failed)
 
     def commit(self, answer_id: str, data: bytes, previous_message_id: str | None = None) -> defer.Deferred:
-        keys = [self._key(b"t:", answer_id)]
+        keys = [self._key(b"t:", answer_id), self._key(b"c:", answer_id)]
         if previous_message_id is not None:
             keys += [self._key(kind, previous_message_id) for kind in (b"t:", b"c:", b"f:")]
         d = self._run(_COMMIT, keys, [data, self._ttl_ms])
