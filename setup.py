@@ -47,7 +47,7 @@ setup(
         "redis": ["txredisapi>=1.6"],
         "test": [
             "hypothesis>=6.90",
-            "anthropic>=0.40",
+            "anthropic>=2.16",  # its message threads (tests of twisted_relay.threads)
             "txredisapi>=1.6",
         ],
     },
