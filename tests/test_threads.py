@@ -345,3 +345,35 @@ class GateRecorderTests(SynchronousTestCase):
         expected = dict(upstream_answer, content=[upstream_answer["content"][0], dict(call, id="toolu_A-2",
                                                                                    input={"city": "東京"})])
         self.assertEqual(recorded["content"], expected["content"])
+
+
+class RebuildPropertyTests(SynchronousTestCase):
+    @settings(max_examples=200, deadline=None)
+    @given(
+        turns=st.lists(st.lists(st.text(max_size=5), max_size=3), min_size=1, max_size=8),
+        system=st.one_of(st.none(), st.text(max_size=5)),
+        with_tools=st.booleans(),
+    )
+    def test_every_turn_rebuilds_the_unthreaded_request(self, turns, system, with_tools):
+        """Whatever the conversation, each continue rebuilds exactly the request a client without
+        threads sends at that turn, through conversations kept as bytes."""
+        fields = {"model": "m", "max_tokens": 5}
+        if system is not None:
+            fields["system"] = system
+        if with_tools:
+            fields["tools"] = TOOLS
+        history = []
+        kept = None
+        for n, texts in enumerate(turns):
+            new = [user(text) for text in texts]
+            unthreaded = dict(fields, messages=history + new)
+            if kept is None:
+                sent = plain_request(dict(unthreaded, thread={"type": "create"}))
+            else:
+                body = {"model": "m", "max_tokens": 5, "messages": new,
+                        "thread": {"type": "continue", "previous_message_id": f"msg_{n - 1}"}}
+                sent = rebuild_request(body, Conversation.decode(kept))
+            self.assertEqual(sent, unthreaded)
+            reply = answer(f"msg_{n}", {"type": "text", "text": f"turn {n} é 🔧"})
+            kept = Conversation.after(sent, reply).encode()
+            history = history + new + [{"role": "assistant", "content": reply["content"]}]
