@@ -43,9 +43,12 @@ setup(
         "prometheus_client>=0.17",
     ],
     extras_require={
+        # --thread-store redis://...: a Twisted-native Redis client.
+        "redis": ["txredisapi>=1.6"],
         "test": [
             "hypothesis>=6.90",
-            "anthropic>=0.40",
+            "anthropic>=2.16",  # its message threads (tests of twisted_relay.threads)
+            "txredisapi>=1.6",
         ],
     },
     entry_points={

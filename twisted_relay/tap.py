@@ -149,6 +149,12 @@ class Options(usage.Options):
         ["simulate-seed", None, "0", "Seed of the simulated upstream (the same default as twisted-relay-simulated)."],
         ["simulate-reuse-every", None, "3", "The simulated model reuses an id every N tool calls (0: never)."],
         ["simulate-event-delay", None, "0", "Seconds between the simulated upstream's stream events."],
+        [
+            "simulate-threads",
+            None,
+            "ignore",
+            "How the simulated upstream treats message threads: ignore, rejects or knows.",
+        ],
     ]
     optFlags = [
         ["no-dumps", None, "Write no diagnostic dumps."],
@@ -238,6 +244,10 @@ class Options(usage.Options):
             raise usage.UsageError("--simulate-seed and --simulate-reuse-every must be whole numbers.")
         if reuse_every < 0:
             raise usage.UsageError("--simulate-reuse-every must be zero or more.")
+        from twisted_relay.simulated.threads import THREAD_MODES
+
+        if self["simulate-threads"] not in THREAD_MODES:
+            raise usage.UsageError(f"--simulate-threads must be one of {', '.join(THREAD_MODES)}.")
         try:
             max_connections = int(self["max-upstream-connections"])
         except ValueError:
@@ -293,6 +303,7 @@ class Options(usage.Options):
                 "event_delay": _positive(
                     "simulate-event-delay", self["simulate-event-delay"], allow_zero=True
                 ),
+                "threads": self["simulate-threads"],
             },
         )
 
