@@ -18,7 +18,6 @@ A worker whose first process dies stops too.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -117,13 +116,12 @@ class ReusePortListener(Service):
 
 def config_to_json(config: RelayConfig) -> str:
     """A configuration as JSON, for a worker's environment."""
-    return json.dumps(dataclasses.asdict(config))
+    return json.dumps(config.to_dict())
 
 
 def config_from_json(text: str) -> RelayConfig:
     """The configuration :func:`config_to_json` wrote."""
-    values = json.loads(text)
-    return RelayConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    return RelayConfig.from_dict(json.loads(text))
 
 
 class _WorkerProtocol(ProcessProtocol):
