@@ -128,6 +128,16 @@ class FileSettingsTests(FileTestCase):
         self.assertEqual(config.settings_for(anthropic).connect_timeout, 4.0)
         self.assertEqual(config.settings_for(local).max_connections, 8)
         self.assertEqual(config.config_file, self.folder.child("relay.toml").path)
+        # Until the request path reads the routes, the one-upstream settings
+        # the app still uses name the file's first upstream, not a default.
+        self.assertEqual(
+            (config.upstream, config.upstream_key, config.upstream_ids),
+            ("https://api.anthropic.com", ENV_KEY, "unique"),
+        )
+        reversed_file = self.write(EXAMPLE.replace("[upstreams.anthropic]", "[upstreams.first]", 1)
+                                   .replace('upstream = "anthropic"', 'upstream = "first"')
+                                   .replace("[upstreams.local]", "[upstreams.z]").replace('"local"', '"z"'), "b.toml")
+        self.assertEqual(self.parse("--config", reversed_file).upstreams[0].name, "first")
 
     def test_relay_table(self):
         """``[relay]`` holds command-line options by their long names."""

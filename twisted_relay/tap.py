@@ -220,7 +220,15 @@ class Options(usage.Options):
                             "--%s describes the one upstream of --upstream; %s has [upstreams] tables, "
                             "which take their own keys and ids." % (name, settings.path)
                         )
-                config = config.with_changes(upstreams=settings.upstreams, upstream_key=None)
+                # Until the request path reads the routes, it relays to the
+                # one upstream these settings name: the file's first.
+                first = settings.upstreams[0]
+                config = config.with_changes(
+                    upstreams=settings.upstreams,
+                    upstream=first.url,
+                    upstream_key=first.keys[0] if first.keys else None,
+                    upstream_ids=first.ids,
+                )
         if settings.routes:
             config = config.with_changes(routes=settings.routes)
         self.config = config
