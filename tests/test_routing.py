@@ -286,6 +286,7 @@ class FailoverTests(SynchronousTestCase):
         attempt = plan.first()
         plan.report(attempt, 503)
         self.assertRaises(ValueError, plan.report, attempt, 503)
+        self.assertRaises(ValueError, plan.first)
 
 
 class KeyPoolTests(SynchronousTestCase):
@@ -466,7 +467,7 @@ class BreakerTests(SynchronousTestCase):
         """
         for _ in range(3):
             plan = self.router.plan(body("claude-haiku-4-5"), 10)
-            self.assertIsNone(plan.report(plan.first(), error_kind="idle", first_byte_sent=True))
+            self.assertIsNone(plan.report(plan.first(), 200, error_kind="idle", first_byte_sent=True))
         self.assertEqual(self.router.state("local"), "open")
 
     def test_all_resting_tried_in_order(self):
@@ -527,3 +528,46 @@ class NoKeyShownTests(SynchronousTestCase):
         for key in KEYS + ("sk-ant-single-key", "sk-relay-key"):
             self.assertNotIn(key, shown)
         self.assertIn("keys=<3>", shown)
+
+
+_OUTCOMES = st.sampled_from([200, 400, 401, 403, 429, 500, 503, 529, "connect", "timeout", "idle"])
+
+
+class PlanPropertyTests(SynchronousTestCase):
+    """Whatever the outcomes and the health before, a plan is bounded and never gives up untried."""
+
+    @given(
+        outcomes=st.lists(_OUTCOMES, min_size=1, max_size=12),
+        rested=st.lists(st.sampled_from(["local", "anthropic", 0, 1, 2]), max_size=5),
+        model=st.sampled_from(["claude-haiku-4-5", "claude-sonnet-4-5"]),
+    )
+    def test_bounded_and_thorough(self, outcomes, rested, model):
+        """
+        Each upstream and key is tried at most once per request; the plan
+        ends; and when it ends on a failure that calls for another try,
+        every target of the route was tried.
+        """
+        clock = Clock()
+        router = Router(config(), clock)
+        for what in rested:
+            if isinstance(what, str):
+                router.health_of(what).breaker.rest(0.0, 100.0)
+            else:
+                router.health_of("anthropic").keys[what].rest(0.0, 100.0)
+        plan = router.plan(body(model), 10)
+        attempt = plan.first()
+        made = []
+        outcomes = list(outcomes)
+        while attempt is not None:
+            made.append((attempt.upstream.name, attempt.key_index))
+            self.assertLessEqual(len(made), 4)
+            outcome = outcomes.pop(0) if outcomes else 503
+            if isinstance(outcome, int):
+                attempt = plan.report(attempt, outcome)
+            else:
+                attempt = plan.report(attempt, error_kind=outcome)
+        self.assertEqual(len(made), len(set(made)))
+        if plan.tried[-1].verdict is not Verdict.DELIVER:
+            self.assertEqual(
+                {name for name, _ in made}, {t.upstream for t in plan.route.targets}
+            )

@@ -312,7 +312,9 @@ class Plan:
         self._pending: Attempt | None = None
 
     def first(self) -> Attempt:
-        """The first attempt."""
+        """The first attempt (asked once)."""
+        if self.tried or self._pending is not None:
+            raise ValueError("a plan's first attempt is asked once; then report outcomes")
         attempt = self._next_target()
         assert attempt is not None  # a route has at least one target
         return attempt
@@ -346,7 +348,7 @@ class Plan:
         )
         self.tried.append(Tried(attempt, str(status) if status is not None else (error_kind or "failed"), verdict))
         key = health.keys[attempt.key_index] if attempt.key_index is not None else None
-        failed_answer = status is None and error_kind not in (None, "total_timeout") or (
+        failed_answer = (error_kind is not None and error_kind != "total_timeout") or (
             status is not None and status >= 500
         )
         if verdict is Verdict.DELIVER:
