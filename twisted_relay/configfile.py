@@ -450,7 +450,11 @@ class ReloadResult:
         return "ReloadResult(error=%r, needs_restart=%r)" % (self.error, self.needs_restart)
 
 
-def reload_config(current: RelayConfig) -> ReloadResult:
+# The settings a worker process runs with in place of its command line's.
+_WORKER_OWN = ("listen", "workers", "simulate")
+
+
+def reload_config(current: RelayConfig, *, worker: bool = False) -> ReloadResult:
     """
     Read the file of a running configuration again, with its command line
     (which still wins over the file).
@@ -458,6 +462,9 @@ def reload_config(current: RelayConfig) -> ReloadResult:
     A valid file gives a configuration whose :data:`RELOADED_SETTINGS` are
     new and whose other settings are the running ones; an invalid one gives
     the running configuration and one line saying why.
+
+    :param worker: the configuration is a worker process's (``--workers``),
+        whose listening addresses differ from its command line's by design.
     """
     from twisted.python.usage import UsageError
 
@@ -472,12 +479,18 @@ def reload_config(current: RelayConfig) -> ReloadResult:
         return ReloadResult(current, str(e).splitlines()[0] if str(e) else "the configuration was refused")
     fresh: RelayConfig = options.config
     changes = {name: getattr(fresh, name) for name in RELOADED_SETTINGS}
+    if fresh.simulate is not None:
+        # The embedded simulated upstream (whose address a worker has in
+        # place of the command line's) stays the one upstream.
+        for name in ("upstream", "upstream_key", "upstream_ids", "upstreams"):
+            del changes[name]
     needs_restart = tuple(
         f.name
         for f in fields(RelayConfig)
         if f.init
         and f.compare
         and f.name not in RELOADED_SETTINGS
+        and not (worker and f.name in _WORKER_OWN)
         and getattr(fresh, f.name) != getattr(current, f.name)
     )
     return ReloadResult(current.with_changes(**changes), None, needs_restart)

@@ -180,6 +180,7 @@ class Relay:
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
+        self._worker = worker
         self.router = Router(config, reactor)
         self.client = UpstreamClient(
             reactor,
@@ -231,8 +232,10 @@ class Relay:
                 # A port already in use stops twistd with a clear error at start.
                 listener._raiseSynchronously = True
             listener.setServiceParent(self.service)
+        self._workers = None
         if config.workers > 1 and not worker and shared:
-            WorkerProcesses(reactor, config, shared, lambda: self.client.base_url).setServiceParent(self.service)
+            self._workers = WorkerProcesses(reactor, config, shared, lambda: self.client.base_url)
+            self._workers.setServiceParent(self.service)
         if config.config_file is not None and not worker:
             _ReloadOnHangup(reactor, self).setServiceParent(self.service)
 
@@ -247,12 +250,14 @@ class Relay:
         for new requests; an invalid one is refused with one log line and
         the running configuration stays.
         """
-        result = reload_config(self.config)
+        result = reload_config(self.config, worker=self._worker)
         if result.error is not None:
             _log.error("Configuration not reloaded; the running one stays: {error}", error=result.error)
             return result
         self.config = result.config
         self.router = self.router.reloaded(result.config)
+        if self._workers is not None:
+            self._workers.reload(result.config)
         _log.info(
             "Configuration reloaded from {config_file}: upstreams {upstreams}, {routes} routes",
             config_file=result.config.config_file,

@@ -208,7 +208,9 @@ class Options(usage.Options):
 
     def _apply_file(self, settings: FileSettings) -> None:
         """Take the file's upstreams and routes, unless the command line says otherwise."""
-        config = self.config.with_changes(config_file=settings.path, command_line=self._argv)
+        # Read again on reload, from wherever the process is by then.
+        path = os.path.abspath(settings.path)
+        config = self.config.with_changes(config_file=path, command_line=self._argv + ("--config", path))
         if settings.upstreams:
             if self._given & {"upstream", "simulate"}:
                 # The command line wins: one upstream for every model.

@@ -182,6 +182,13 @@ class WorkerProcesses(Service):
 
     def startService(self):
         Service.startService(self)
+        self._set_environment()
+        for name in self.names:
+            self._delays[name] = _FIRST_RESTART_DELAY
+            self._start(name)
+
+    def _set_environment(self) -> None:
+        """The environment workers start with: this process's, with their configuration."""
         config = self._config.with_changes(
             listen=tuple(_description(listener) for listener in self._listeners),
             upstream=self._upstream(),
@@ -191,9 +198,21 @@ class WorkerProcesses(Service):
         env = dict(os.environ)
         env[_CONFIG_VARIABLE] = config_to_json(config)
         self._env = env
-        for name in self.names:
-            self._delays[name] = _FIRST_RESTART_DELAY
-            self._start(name)
+
+    def reload(self, config: RelayConfig) -> None:
+        """
+        This process took a new configuration: workers started from now on
+        get it, and the running ones are told to read the file again (SIGHUP).
+        """
+        self._config = config
+        if not self.running:
+            return
+        self._set_environment()
+        for process in list(self._processes.values()):
+            try:
+                process.signalProcess("HUP")
+            except ProcessExitedAlready:
+                pass
 
     def _start(self, name: str) -> None:
         self._restarts.pop(name, None)
@@ -310,6 +329,11 @@ def main(argv: list[str] | None = None) -> None:
         [FileLogObserver(out, lambda event: eventAsJSON(event) + "\n")], redirectStandardIO=False
     )
     relay = Relay(config, reactor, worker=True)
+    if config.config_file is not None:
+        import signal
+
+        # The first process passes SIGHUP on once it has read the file again.
+        signal.signal(signal.SIGHUP, lambda signum, frame: reactor.callFromThread(relay.reload))
     relay.service.startService()
     reactor.addSystemEventTrigger("before", "shutdown", relay.service.stopService)
     StandardIO(_FirstProcessWatch(reactor), stdin=0, stdout=os.open(os.devnull, os.O_WRONLY))
