@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.python.filepath import FilePath
 from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
@@ -429,3 +431,37 @@ class ReloadTests(FileTestCase):
         result = reload_config(running)
         self.assertIs(result.config, running)
         self.assertIn("--config", result.error)
+
+
+_BAD_VALUES = st.sampled_from(
+    ['"x"', '""', "0", "-1", "1.5", "true", "[]", '["env:RELAY_TEST_UNSET"]', '["file:none.key"]',
+     "{ a = 1 }", '"ftp://h"', '"https://u:%s@h"' % LITERAL_KEY, '["%s", "%s"]' % (LITERAL_KEY, LITERAL_KEY),
+     '[{ upstream = "nowhere" }]', '"%s"' % LITERAL_KEY]
+)
+
+
+class MutatedFileTests(FileTestCase):
+    """Whatever one value of a good file is changed to, the result is a configuration or one clean line."""
+
+    @given(line=st.integers(0, 200), value=_BAD_VALUES)
+    @settings(max_examples=150, deadline=None)
+    def test_one_value_changed(self, line, value):
+        """
+        Replacing any one value of the example by a bad one gives either a
+        valid configuration or a one-line error naming the file, never a
+        traceback and never a key.
+        """
+        lines = EXAMPLE.splitlines()
+        assignments = [i for i, text in enumerate(lines) if " = " in text]
+        index = assignments[line % len(assignments)]
+        name = lines[index].split(" = ", 1)[0]
+        lines[index] = "%s = %s" % (name, value)
+        path = self.write("\n".join(lines))
+        try:
+            self.parse("--config", path)
+        except UsageError as e:
+            message = str(e)
+            self.assertNotIn("\n", message)
+            for key in ALL_KEYS:
+                self.assertNotIn(key, message)
+            self.assertTrue(message.startswith(path) or message.startswith("--"), message)

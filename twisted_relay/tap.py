@@ -367,13 +367,18 @@ def _recording(name: str, handler, given: set):
 def _named_in_file(error: usage.UsageError, settings: FileSettings | None, given: set) -> usage.UsageError:
     """
     A usage error about an option the file gave, told as the file's: its
-    path, the ``[relay]`` table and the key.
+    path, the ``[relay]`` table and the key, without the value (the file
+    shows it, and a key pasted in the wrong place must not reach a log).
     """
     message = str(error)
     if settings is not None and message.startswith("--"):
         name = re.match(r"--([a-z-]+)", message).group(1)
         if name in settings.relay and name not in given:
-            return usage.UsageError("%s: [relay] %s" % (settings.path, message[2:]))
+            text = re.sub(r",? not '.*'\.?$", ".", message[2:])
+            text = re.sub(r" '.*' is not a valid endpoint.*$", ": not a valid Twisted endpoint string.", text)
+            if name != "relay-keys":  # a path, which helps and is no key
+                text = re.sub(r"'[^']*'", "(the value given)", text)
+            return usage.UsageError("%s: [relay] %s" % (settings.path, text))
     return error
 
 
