@@ -221,6 +221,19 @@ class RouteMatchingTests(SynchronousTestCase):
         plan = self.router.plan_for(RequestFacts.for_model("claude-haiku-4-5"))
         self.assertEqual(plan.first().upstream.name, "local")
 
+    def test_model_listing(self):
+        """
+        ``GET /v1/models`` goes to the first target of the route that takes
+        any model (a catch-all after the haiku route); with none, of the
+        first route.
+        """
+        routes = config().routes[:1] + (Route(targets=(Target("anthropic"),)),)
+        plan = Router(config(routes=routes), Clock()).plan_for_listing()
+        self.assertEqual(plan.route, routes[1])
+        attempt = plan.first()
+        self.assertEqual((attempt.upstream.name, attempt.model), ("anthropic", None))
+        self.assertEqual(self.router.plan_for_listing().route, self.router.config.routes[0])
+
     def test_upstream_settings_filled_in(self):
         """
         An attempt's upstream carries its own settings, and the relay's

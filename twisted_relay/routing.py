@@ -489,6 +489,16 @@ class Router:
             return NoRoute(facts.model)
         return Plan(self, route, facts)
 
+    def plan_for_listing(self) -> Plan:
+        """
+        The plan for ``GET /v1/models``, which names no model: the first
+        route that matches a request for any model (one without ``models``
+        globs, thinking, images or a size), else the first route.
+        """
+        facts = RequestFacts({}, 0)
+        route = self.route_for(facts) or self.config.routes[0]
+        return Plan(self, route, facts)
+
     def state(self, name: str) -> str:
         """An upstream's breaker state: ``closed``, ``open`` or ``half_open``."""
         return self._health[name].breaker.state(self.now())
