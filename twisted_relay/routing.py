@@ -309,6 +309,7 @@ class Plan:
         self._targets = list(route.targets)
         self._keys: list[int] = []
         self._target = None
+        self._target_resting = False
         self._pending: Attempt | None = None
 
     def first(self) -> Attempt:
@@ -394,6 +395,7 @@ class Plan:
             chosen = self._targets[0]
         self._targets.remove(chosen)
         self._target = chosen
+        self._target_resting = resting
         health = router.health_of(chosen.upstream)
         health.breaker.take(now, router.breaker_cooldown)
         count = len(health.keys)
@@ -401,11 +403,11 @@ class Plan:
             start = health.rotation % count
             health.rotation += 1
             self._keys = [(start + i) % count for i in range(count)]
-            return self._next_key(resting)
+            return self._next_key()
         self._keys = []
         return self._attempt(health, None, resting)
 
-    def _next_key(self, upstream_resting: bool = False) -> Attempt | None:
+    def _next_key(self) -> Attempt | None:
         if not self._keys:
             return None
         router = self._router
@@ -421,7 +423,7 @@ class Plan:
             chosen = self._keys[0]
         self._keys.remove(chosen)
         health.keys[chosen].take(now, router.breaker_cooldown)
-        return self._attempt(health, chosen, upstream_resting or resting)
+        return self._attempt(health, chosen, self._target_resting or resting)
 
     def _attempt(self, health: _UpstreamHealth, key_index: int | None, resting: bool) -> Attempt:
         upstream = self._router.settings[self._target.upstream]
