@@ -126,3 +126,52 @@ class ReloadTests(TestCase):
         finally:
             await self.relay.service.stopService()
         self.assertEqual(signal.getsignal(signal.SIGHUP), former)
+
+
+class FileUpstreamsTodayTests(TestCase):
+    """
+    Until the request path reads the routes, a relay started with a file of
+    upstreams relays to the file's first upstream, with its first key: not
+    to the default upstream, and never without the key it was given.
+    """
+
+    async def test_first_upstream_serves(self):
+        """A request through the relay reaches the first upstream, carrying its key."""
+        import treq
+        from twisted.web.resource import Resource
+        from twisted.web.server import Site
+
+        from twisted_relay.simulated import SimulatedUpstream
+
+        sim = SimulatedUpstream(mode="lenient", require_key=SECRET)
+        sim_port = reactor.listenTCP(0, Site(sim.resource()), interface="127.0.0.1")
+        self.addCleanup(sim_port.stopListening)
+        probe = reactor.listenTCP(0, Site(Resource()), interface="127.0.0.1")
+        relay_port = probe.getHost().port
+        await probe.stopListening()
+        folder = FilePath(self.mktemp())
+        folder.makedirs()
+        path = folder.child("relay.toml")
+        path.setContent(
+            (
+                '[relay]\nlisten = "tcp:%d:interface=127.0.0.1"\nno-dumps = true\n\n'
+                '[upstreams.sim]\nurl = "http://127.0.0.1:%d"\nkeys = ["env:RELAY_TODAY_KEY", "sk-ant-second"]\n\n'
+                '[upstreams.other]\nurl = "http://127.0.0.1:9"\n'
+                % (relay_port, sim_port.getHost().port)
+            ).encode()
+        )
+        self.patch(os, "environ", dict(os.environ, RELAY_TODAY_KEY=SECRET))
+        options = Options()
+        options.parseOptions(["--config", path.path, "--no-gc-tuning"])
+        relay = Relay(options.config, reactor)
+        relay.service.startService()
+        self.addCleanup(relay.service.stopService)
+        response = await treq.post(
+            "http://127.0.0.1:%d/v1/messages" % (relay_port,),
+            data=b'{"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}',
+            headers={"content-type": ["application/json"], "x-api-key": ["sk-ant-client-own"]},
+            persistent=False,
+        )
+        self.assertEqual(response.code, 200, await response.text())
+        await response.content()
+        self.assertEqual(len(sim.requests), 1)
