@@ -41,6 +41,8 @@ setup(
         "klein>=23.5",
         "ujson>=5.8",
         "prometheus_client>=0.17",
+        # --config files are TOML: tomllib is in the standard library from 3.11.
+        'tomli>=1.1; python_version < "3.11"',
     ],
     extras_require={
         # --thread-store redis://...: a Twisted-native Redis client.
