@@ -43,11 +43,16 @@ setup(
         "klein>=23.5",
         "ujson>=5.8",
         "prometheus_client>=0.17",
+        # --config files are TOML: tomllib is in the standard library from 3.11.
+        'tomli>=1.1; python_version < "3.11"',
     ],
     extras_require={
+        # --thread-store redis://...: a Twisted-native Redis client.
+        "redis": ["txredisapi>=1.6"],
         "test": [
             "hypothesis>=6.90",
-            "anthropic>=0.40",
+            "anthropic>=2.16",  # its message threads (tests of twisted_relay.threads)
+            "txredisapi>=1.6",
         ],
     },
     entry_points={

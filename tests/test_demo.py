@@ -94,6 +94,38 @@ class SessionTests(_SessionCase):
         self.assertEqual(len(sim.requests), 30)
         self.assertTrue(all(r.body["stream"] is True for r in sim.requests))
 
+    async def test_upstream_of_each_turn(self) -> None:
+        """
+        When answers name their upstream (``x-relay-upstream``, as a relay
+        with several upstreams sends), the summary says which served which
+        turns, and progress lines name the last one; without the header,
+        nothing is said.
+        """
+        sim = SimulatedUpstream(reactor=reactor, mode="lenient")
+        names = ["local"] * 4 + ["anthropic"] * 3 + ["local"] * 3
+
+        class NamingSite(Site):
+            def getResourceFor(self, request):
+                if request.path.endswith(b"/v1/messages"):
+                    request.responseHeaders.setRawHeaders(b"x-relay-upstream", [names.pop(0)])
+                return super().getResourceFor(request)
+
+        url = self.listen(NamingSite(sim.resource()))
+        for stream in ("--stream", "--no-stream"):
+            names[:] = ["local"] * 4 + ["anthropic"] * 3 + ["local"] * 3
+            out = io.StringIO()
+            code = await run(reactor, self.options(url, "--turns", "10", "--progress-every", "5", stream), out)
+            self.assertEqual(code, 0)
+            text = out.getvalue()
+            self.assertIn("served by (turns):       local 1-4, 8-10; anthropic 5-7", text)
+            self.assertIn("turn 5/10", text)
+            self.assertRegex(text, r"turn 5/10 .* upstream anthropic\n")
+        _, plain = self.serve(mode="lenient")
+        out = io.StringIO()
+        await run(reactor, self.options(plain, "--turns", "2"), out)
+        self.assertNotIn("served by", out.getvalue())
+        self.assertNotIn("upstream ", out.getvalue().split("\n", 1)[1])
+
     async def test_not_streaming(self) -> None:
         """--no-stream runs the same session over plain JSON answers."""
         sim, url = self.serve(mode="lenient", reuse_every=3)

@@ -1022,3 +1022,42 @@ class ServeTests(TestCase):
             self.assertEqual(raised.exception.code, 1)
 
         return ensureDeferred(go())
+
+    def test_side_by_side(self) -> None:
+        """
+        Two simulated upstreams of different kinds run side by side on two
+        ports, each with its own state: the one a config's routes send
+        cheap requests to can differ from the fallback.
+        """
+
+        async def go() -> None:
+            strict = await serve(global_reactor, parse_args(["--listen", "tcp:0:interface=127.0.0.1"]))
+            self.addCleanup(strict.stopListening)
+            kimi = await serve(
+                global_reactor,
+                parse_args(["--listen", "tcp:0:interface=127.0.0.1", "--mode", "stateful", "--id-style", "kimi"]),
+            )
+            self.addCleanup(kimi.stopListening)
+            self.assertNotEqual(strict.getHost().port, kimi.getHost().port)
+            ids = {}
+            for name, port in (("strict", strict), ("kimi", kimi)):
+                response = await treq.post(
+                    f"http://127.0.0.1:{port.getHost().port}/v1/messages",
+                    data=json.dumps(
+                        {
+                            "model": "claude-sonnet-4-5",
+                            "max_tokens": 64,
+                            "messages": [{"role": "user", "content": "go"}],
+                            "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
+                        }
+                    ).encode(),
+                    headers={"content-type": ["application/json"], "x-claude-code-session-id": ["s1"]},
+                    persistent=False,
+                )
+                self.assertEqual(response.code, 200, name)
+                answer = await response.json()
+                ids[name] = [b["id"] for b in answer["content"] if b["type"] == "tool_use"]
+            self.assertRegex(ids["strict"][0], r"^toolu_")
+            self.assertRegex(ids["kimi"][0], r"^functions\.Bash:\d+$")
+
+        return ensureDeferred(go())

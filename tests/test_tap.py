@@ -172,3 +172,26 @@ class MakeServiceTests(SynchronousTestCase):
         self.assertTrue(IServiceCollection.providedBy(service))
         listeners = [s for s in service if isinstance(s, StreamServerEndpointService)]
         self.assertEqual(len(listeners), 2)
+
+
+class BreakerOptionsTests(SynchronousTestCase):
+    """The circuit breaker's settings are options like any other."""
+
+    def test_values(self):
+        """``--breaker-failures``, ``--breaker-cooldown`` and ``--key-rest`` land in the configuration."""
+        config = parse("--breaker-failures", "5", "--breaker-cooldown", "12.5", "--key-rest", "60").config
+        self.assertEqual((config.breaker_failures, config.breaker_cooldown, config.key_rest), (5, 12.5, 60.0))
+        default = parse().config
+        self.assertEqual((default.breaker_failures, default.breaker_cooldown, default.key_rest), (3, 30.0, 600.0))
+
+    def test_bad_values(self):
+        """Bad values are usage errors naming the option."""
+        for argv, name in (
+            (["--breaker-failures", "0"], "--breaker-failures"),
+            (["--breaker-failures", "many"], "--breaker-failures"),
+            (["--breaker-cooldown", "0"], "--breaker-cooldown"),
+            (["--key-rest", "-5"], "--key-rest"),
+        ):
+            with self.assertRaises(UsageError) as raised:
+                parse(*argv)
+            self.assertIn(name, str(raised.exception))

@@ -226,3 +226,94 @@ class WorkerProcessTests(SynchronousTestCase):
         while _alive(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.assertFalse(_alive(worker))
+
+
+_RELOAD_CONFIG = """
+[relay]
+no-dumps = true
+
+[upstreams.local]
+url = "http://127.0.0.1:9"
+keys = ["sk-ant-worker-reload-secret"]
+
+[[routes]]
+targets = [{ upstream = "local", model = "MODEL" }]
+"""
+
+
+class WorkerReloadTests(SynchronousTestCase):
+    """
+    ``twistd -n relay --config FILE --workers 2``: SIGHUP to the first
+    process reloads every process; an invalid file is refused by the first
+    process and the workers keep running as they were.
+    """
+
+    def test_every_process_reloads(self):
+        """
+        A valid file is taken by the first process and then by the worker
+        (told by SIGHUP); an invalid one is refused with one log line, and no
+        worker is disturbed.
+        """
+        port = _free_port()
+        folder = self.mktemp()
+        os.makedirs(folder)
+        config_path = os.path.abspath(os.path.join(folder, "relay.toml"))
+        with open(config_path, "w") as f:
+            f.write(_RELOAD_CONFIG.replace("MODEL", "one"))
+        log_path = os.path.join(folder, "relay.log")
+        log = open(log_path, "wb")
+        self.addCleanup(log.close)
+        relay = subprocess.Popen(
+            [
+                sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+                "-n", "--pidfile=", "relay", "--config", config_path, "--workers", "2",
+                "--listen", "tcp:%d:interface=127.0.0.1" % (port,),
+            ],
+            cwd=folder,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+        def stop():
+            if relay.poll() is None:
+                relay.kill()
+                relay.wait()
+
+        self.addCleanup(stop)
+
+        def read() -> bytes:
+            with open(log_path, "rb") as f:
+                return f.read()
+
+        def wait_for(text: bytes, count: int = 1) -> bytes:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                content = read()
+                if content.count(text) >= count:
+                    return content
+                time.sleep(0.05)
+            self.fail("%r not logged %d times:\n%s" % (text, count, read().decode(errors="replace")[-3000:]))
+
+        wait_for(b"[worker-1] RelaySite starting on %d" % (port,))
+        with open(config_path, "w") as f:
+            f.write(_RELOAD_CONFIG.replace("MODEL", "two"))
+        relay.send_signal(signal.SIGHUP)
+        wait_for(b"Configuration reloaded", 2)
+        content = wait_for(b"[worker-1] Configuration reloaded")
+
+        with open(config_path, "w") as f:
+            f.write(_RELOAD_CONFIG.replace('upstream = "local"', 'upstream = "lokal"'))
+        relay.send_signal(signal.SIGHUP)
+        content = wait_for(b"Configuration not reloaded")
+        self.assertEqual(content.count(b"Configuration not reloaded"), 1)
+        self.assertIn(b"[[routes]] #1 targets #1 upstream: no upstream is named lokal", content)
+        self.assertNotIn(b"[worker-1] Relay worker-1 ended", content)
+        self.assertNotIn(b"ended (", content)
+
+        relay.send_signal(signal.SIGTERM)
+        relay.wait(timeout=30)
+        content = read()
+        self.assertNotIn(b"sk-ant-worker-reload-secret", content)
+        self.assertNotIn(b"Traceback", content)
+        # A worker listens where the first process bound, by design: no restart to ask for.
+        self.assertNotIn(b"take effect only at restart", content)

@@ -1,21 +1,108 @@
 # -*- test-case-name: tests.test_tap -*-
 """
-The relay's settings, as one plain value.
+The relay's settings, as plain frozen values.
 
 :class:`RelayConfig` is what the twistd plugin builds from its command line
-and what an application embedding the relay builds itself.
+(and its ``--config`` file) and what an application embedding the relay
+builds itself. Its upstreams (:class:`Upstream`) and routes (:class:`Route`,
+each with its :class:`Target` list) say where each request may go; a
+configuration without them has one upstream named ``default`` (the
+``upstream`` settings) and one route sending every model to it.
+
+No repr here shows a key: an upstream's pool is shown by its size.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
-__all__ = ["RelayConfig", "DEFAULT_LISTEN", "DEFAULT_UPSTREAM", "MiB", "default_bodies_in_flight"]
+__all__ = [
+    "DEFAULT_LISTEN",
+    "DEFAULT_UPSTREAM",
+    "DEFAULT_UPSTREAM_NAME",
+    "MiB",
+    "RelayConfig",
+    "Route",
+    "Target",
+    "Upstream",
+    "default_bodies_in_flight",
+]
 
 MiB = 1024 * 1024
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
 DEFAULT_UPSTREAM = "https://api.anthropic.com"
+#: The name of the upstream the one-upstream settings describe.
+DEFAULT_UPSTREAM_NAME = "default"
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """
+    One Anthropic-protocol backend.
+
+    :ivar name: its name in routes, logs, metrics and the
+        ``x-relay-upstream`` header (letters, digits, ``-`` and ``_``).
+    :ivar url: its base URL, without a trailing slash.
+    :ivar keys: the key pool sent as ``x-api-key``, in order; empty passes
+        the client's own credentials through. Never shown by ``repr``.
+    :ivar ids: the id policy towards it, ``unique`` or ``original``.
+    :ivar connect_timeout: its own ``connect_timeout``; ``None`` takes the
+        relay's (see :meth:`RelayConfig.settings_for`).
+    :ivar response_timeout: likewise.
+    :ivar idle_timeout: likewise.
+    :ivar max_connections: likewise, for ``max_upstream_connections``.
+    """
+
+    name: str
+    url: str
+    keys: tuple[str, ...] = field(default=(), repr=False)
+    ids: str = "unique"
+    connect_timeout: float | None = None
+    response_timeout: float | None = None
+    idle_timeout: float | None = None
+    max_connections: int | None = None
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            "%s=%r" % (f.name, getattr(self, f.name)) for f in fields(self) if f.repr
+        )
+        return "Upstream(%s, keys=<%d>)" % (shown, len(self.keys))
+
+
+@dataclass(frozen=True)
+class Target:
+    """
+    One place a route sends a request to.
+
+    :ivar upstream: the name of an :class:`Upstream`.
+    :ivar model: the model name sent to it; ``None`` sends the client's.
+    """
+
+    upstream: str
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    """
+    Which requests go where. Every condition given must hold for the route
+    to match; the first route that matches a request wins.
+
+    :ivar targets: tried in this order (see :mod:`twisted_relay.routing`).
+    :ivar models: ``fnmatch`` globs on the body's ``model``; empty: any.
+    :ivar thinking: ``True`` matches requests with extended thinking
+        enabled only, ``False`` those without only; ``None`` either.
+    :ivar images: likewise for requests holding an image.
+    :ivar body_over: matches request bodies larger than this many bytes
+        only (long contexts); ``None`` any size.
+    """
+
+    targets: tuple[Target, ...]
+    models: tuple[str, ...] = ()
+    thinking: bool | None = None
+    images: bool | None = None
+    body_over: int | None = None
 
 
 def default_bodies_in_flight() -> int:
@@ -93,6 +180,22 @@ class RelayConfig:
         starts, so full garbage collections no longer walk it
         (:mod:`twisted_relay.gctuning`); it changes the whole process, so
         only ``twistd relay`` turns it on.
+    :ivar upstreams: the backends, by name; empty: one upstream named
+        ``default`` made of ``upstream``, ``upstream_key`` and
+        ``upstream_ids`` (filled in when the configuration is made).
+    :ivar routes: in order; empty: one route sending every model to every
+        upstream in order (to ``default`` alone without ``upstreams``).
+    :ivar breaker_failures: failures in a row after which an upstream (or
+        a key of its pool) is skipped for ``breaker_cooldown``.
+    :ivar breaker_cooldown: seconds a failing upstream or key is skipped
+        before one request is let through to probe it.
+    :ivar key_rest: seconds a key the upstream refused (401/403) is
+        skipped before it is probed.
+    :ivar config_file: the ``--config`` file these settings came from, read
+        again on reload; ``None`` when there is none.
+    :ivar command_line: the ``twistd relay`` arguments these settings came
+        from, parsed again on reload (the command line wins over the file);
+        ``None`` when there are none. Never shown by ``repr``.
     """
 
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
@@ -123,11 +226,123 @@ class RelayConfig:
     simulate_options: dict = field(default_factory=dict)
     workers: int = 1
     gc_tuning: bool = False
+    upstreams: tuple[Upstream, ...] = ()
+    routes: tuple[Route, ...] = ()
+    breaker_failures: int = 3
+    breaker_cooldown: float = 30.0
+    key_rest: float = 600.0
+    config_file: str | None = None
+    command_line: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+    # Whether ``upstreams`` were made from the one-upstream settings (and
+    # ``routes`` from the upstreams), so that a change makes them again.
+    _derived: bool = field(default=False, init=False, repr=False, compare=False)
+    _derived_routes: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        derived = not self.upstreams
+        if derived:
+            keys = (self.upstream_key,) if self.upstream_key else ()
+            object.__setattr__(
+                self,
+                "upstreams",
+                (Upstream(DEFAULT_UPSTREAM_NAME, self.upstream, keys, self.upstream_ids),),
+            )
+        else:
+            object.__setattr__(self, "upstreams", tuple(self.upstreams))
+        derived_routes = not self.routes
+        if derived_routes:
+            every = tuple(Target(upstream.name) for upstream in self.upstreams)
+            object.__setattr__(self, "routes", (Route(targets=every),))
+        else:
+            object.__setattr__(self, "routes", tuple(self.routes))
+        object.__setattr__(self, "_derived", derived)
+        object.__setattr__(self, "_derived_routes", derived_routes)
+
+    def __repr__(self) -> str:
+        shown = []
+        for f in fields(self):
+            if not f.repr:
+                continue
+            value = getattr(self, f.name)
+            if f.name == "upstream_key" and value is not None:
+                value = "<key>"
+            elif f.name == "relay_keys":
+                value = "<%d keys>" % (len(value),)
+            shown.append("%s=%r" % (f.name, value))
+        return "RelayConfig(%s)" % (", ".join(shown),)
 
     def with_changes(self, **changes) -> "RelayConfig":
-        """A copy of this configuration with some settings changed."""
+        """
+        A copy of this configuration with some settings changed. When the
+        upstreams were made from the one-upstream settings, they are made
+        again from the changed ones.
+        """
+        if self._derived and "upstreams" not in changes:
+            changes["upstreams"] = ()
+        if self._derived_routes and "routes" not in changes:
+            changes["routes"] = ()
         return replace(self, **changes)
+
+    def upstream_named(self, name: str) -> Upstream:
+        """The upstream of this name; ``KeyError`` if there is none."""
+        for upstream in self.upstreams:
+            if upstream.name == name:
+                return upstream
+        raise KeyError(name)
+
+    def settings_for(self, upstream: Upstream) -> Upstream:
+        """``upstream`` with each setting it leaves to the relay filled in."""
+        return replace(
+            upstream,
+            connect_timeout=_first(upstream.connect_timeout, self.connect_timeout),
+            response_timeout=_first(upstream.response_timeout, self.response_timeout),
+            idle_timeout=_first(upstream.idle_timeout, self.idle_timeout),
+            max_connections=_first(upstream.max_connections, self.max_upstream_connections),
+        )
 
     def secrets(self) -> tuple[str, ...]:
         """Every key this configuration holds, for redaction."""
-        return tuple(s for s in (self.upstream_key,) + tuple(self.relay_keys) if s)
+        pools = tuple(key for upstream in self.upstreams for key in upstream.keys)
+        return tuple(dict.fromkeys(s for s in (self.upstream_key,) + pools + tuple(self.relay_keys) if s))
+
+    def to_dict(self) -> dict:
+        """Every setting as plain JSON-able values (keys included: keep it private)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        values["upstreams"] = [
+            {f.name: getattr(u, f.name) for f in fields(u)} for u in self.upstreams
+        ] if not self._derived else []
+        values["routes"] = [] if self._derived_routes else [
+            {
+                "targets": [{"upstream": t.upstream, "model": t.model} for t in route.targets],
+                "models": list(route.models),
+                "thinking": route.thinking,
+                "images": route.images,
+                "body_over": route.body_over,
+            }
+            for route in self.routes
+        ]
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "RelayConfig":
+        """The configuration :meth:`to_dict` described."""
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        upstreams = tuple(
+            Upstream(**{k: tuple(v) if isinstance(v, list) else v for k, v in u.items()})
+            for u in values.pop("upstreams", ())
+        )
+        routes = tuple(
+            Route(
+                targets=tuple(Target(**t) for t in r["targets"]),
+                models=tuple(r["models"]),
+                thinking=r["thinking"],
+                images=r["images"],
+                body_over=r["body_over"],
+            )
+            for r in values.pop("routes", ())
+        )
+        return cls(upstreams=upstreams, routes=routes, **values)
+
+
+def _first(value, default):
+    return default if value is None else value

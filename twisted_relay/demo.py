@@ -6,8 +6,9 @@ Each turn sends the whole history with a ``tools`` list, appends the
 assistant's answer and answers every ``tool_use`` with a ``tool_result``,
 as Claude Code does.  It shows progress as it goes and ends with a summary:
 turns completed, tool calls, ids the relay renamed (``X-2``), duplicate ids
-the client saw (0 behind the relay), and the first failure's error body.
-Exit status 0 when every turn succeeded, 1 otherwise.
+the client saw (0 behind the relay), which upstream served each turn (from
+the relay's ``x-relay-upstream`` header, when it sends one), and the first
+failure's error body. Exit status 0 when every turn succeeded, 1 otherwise.
 
 Example, with a relay on its embedded simulated upstream::
 
@@ -117,14 +118,18 @@ class SessionReport:
     rewritten: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
     failures: list[TurnFailure] = field(default_factory=list)
+    #: Per completed turn, the upstream that served it (``x-relay-upstream``),
+    #: or ``None`` when the answer did not say.
+    served_by: list[str | None] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """Every turn succeeded."""
         return not self.failures and self.completed == self.turns
 
-    def observe(self, message: dict) -> None:
-        """Account for one assistant answer."""
+    def observe(self, message: dict, upstream: str | None = None) -> None:
+        """Account for one assistant answer, and the upstream that served it if known."""
+        self.served_by.append(upstream)
         for block in message.get("content", ()):
             kind = block.get("type", "")
             if kind != "tool_use" and not kind.endswith("_tool_use"):
@@ -141,9 +146,32 @@ class SessionReport:
 
     def progress(self, turn: int) -> str:
         """One progress line."""
-        return (
+        line = (
             f"turn {turn}/{self.turns}  ids seen {len(self.ids)}  "
             f"client duplicates {len(self.duplicates)}  failures {len(self.failures)}"
+        )
+        if self.served_by and self.served_by[-1] is not None:
+            line += f"  upstream {self.served_by[-1]}"
+        return line
+
+    def served_summary(self) -> str | None:
+        """
+        Which upstream served which turns, as runs of turns
+        (``local 1-60, 141-200; anthropic 61-140``); ``None`` when no
+        answer named its upstream.
+        """
+        if not any(self.served_by):
+            return None
+        runs: dict[str, list[tuple[int, int]]] = {}
+        start = 0
+        for turn in range(1, len(self.served_by) + 1):
+            name = self.served_by[turn - 1]
+            if turn == len(self.served_by) or self.served_by[turn] != name:
+                spans = runs.setdefault(name or "(not said)", [])
+                spans.append((start + 1, turn))
+                start = turn
+        return "; ".join(
+            name + " " + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans) for name, spans in runs.items()
         )
 
     def summary(self) -> list[str]:
@@ -156,6 +184,9 @@ class SessionReport:
             f"  duplicate ids seen:      {len(self.duplicates)}",
             f"  failed turns:            {len(self.failures)}",
         ]
+        served = self.served_summary()
+        if served is not None:
+            lines.append(f"  served by (turns):       {served}")
         if self.failures:
             first = self.failures[0]
             if first.status is None:
@@ -305,11 +336,11 @@ class _Session:
         ]
         for turn in range(1, options.turns + 1):
             try:
-                message = await self._timed_turn(messages)
+                message, upstream = await self._timed_turn(messages)
             except _Failed as failure:
                 report.failures.append(TurnFailure(turn, failure.status, failure.body))
             else:
-                report.observe(message)
+                report.observe(message, upstream)
                 messages.append({"role": "assistant", "content": message["content"]})
                 messages.append(_answer_tools(message, turn))
             if tty:
@@ -325,7 +356,7 @@ class _Session:
             out.write("\n")
         return report
 
-    async def _timed_turn(self, messages: list[dict]) -> dict:
+    async def _timed_turn(self, messages: list[dict]) -> tuple[dict, str | None]:
         turn = Deferred.fromCoroutine(self._turn(messages))
         # treq's timeout covers the response headers only; this one covers
         # the whole turn, stream included.
@@ -335,7 +366,7 @@ class _Session:
         except TimeoutError:
             raise _Failed(None, f"no complete answer within {self._options.timeout:g} s")
 
-    async def _turn(self, messages: list[dict]) -> dict:
+    async def _turn(self, messages: list[dict]) -> tuple[dict, str | None]:
         options = self._options
         body = {
             "model": options.model,
@@ -359,8 +390,10 @@ class _Session:
         if response.code != 200:
             content = await response.content()
             raise _Failed(response.code, content.decode("utf-8", "replace"))
+        named = response.headers.getRawHeaders(b"x-relay-upstream")
+        upstream = named[0].decode("utf-8", "replace") if named else None
         if options.stream:
-            return await self._read_stream(response)
+            return await self._read_stream(response), upstream
         content = await response.content()
         try:
             message = ujson.loads(content)
@@ -368,7 +401,7 @@ class _Session:
             message = None
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             raise _Failed(200, "the answer is not a message: " + content[:200].decode("utf-8", "replace"))
-        return message
+        return message, upstream
 
     async def _read_stream(self, response: Any) -> dict:
         reader = _StreamReader()

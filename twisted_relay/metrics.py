@@ -10,7 +10,7 @@ resource is ``prometheus_client``'s own Twisted resource.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 __all__ = ["RelayMetrics"]
 
@@ -30,6 +30,37 @@ class _DumpCollector:
         for outcome in ("written", "dropped", "failed"):
             family.add_metric([outcome], getattr(self._dumps, outcome, 0))
         yield family
+
+
+class _ThreadStoreCollector:
+    """Reads a thread store's own counters and size when metrics are scraped."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def collect(self):
+        store = self._store
+        lookups = CounterMetricFamily(
+            "relay_thread_lookups", "Thread continues looked up, by outcome.", labels=["outcome"]
+        )
+        lookups.add_metric(["hit"], store.hits)
+        lookups.add_metric(["miss"], store.misses)
+        yield lookups
+        evictions = CounterMetricFamily(
+            "relay_thread_evictions", "Threads dropped before a continue, by reason.", labels=["reason"]
+        )
+        evictions.add_metric(["bound"], store.evictions)
+        evictions.add_metric(["expired"], store.expirations)
+        yield evictions
+        yield CounterMetricFamily(
+            "relay_thread_store_failures", "Thread store operations that failed.", value=store.failures
+        )
+        size = store.size()
+        if size is not None:
+            yield GaugeMetricFamily("relay_threads_held", "Threads the relay holds.", value=size[0])
+            yield GaugeMetricFamily(
+                "relay_thread_bytes_held", "Bytes of the threads the relay holds.", value=size[1]
+            )
 
 
 class RelayMetrics:
@@ -96,6 +127,11 @@ class RelayMetrics:
         )
         if dumps is not None:
             self.registry.register(_DumpCollector(dumps))
+
+    def watch_thread_store(self, store):
+        """Export ``store``'s hits, misses, evictions, failures and size
+        (an :class:`~twisted_relay.thread_store.IThreadStore`)."""
+        self.registry.register(_ThreadStoreCollector(store))
 
     def labelled(self, metric, *values):
         """``metric.labels(*values)``, looked up once per label set (there are few)."""

@@ -11,6 +11,8 @@ so the connection pool and the dump writer live and stop with it.
 
 from __future__ import annotations
 
+import signal
+
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet import endpoints
@@ -21,9 +23,11 @@ from twisted_relay import _twisted
 from twisted_relay._version import __version__
 from twisted_relay.app import RelayApp
 from twisted_relay.config import RelayConfig
+from twisted_relay.configfile import ReloadResult, reload_config
 from twisted_relay.dumps import DumpWriter
 from twisted_relay.gctuning import GarbageCollectorTuning
 from twisted_relay.metrics import RelayMetrics
+from twisted_relay.routing import Router
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient, display_url
 from twisted_relay.workers import ReusePortListener, WorkerProcesses
@@ -32,6 +36,8 @@ from twisted_relay.workers import ReusePortListener, WorkerProcesses
 _LISTENERS = (StreamServerEndpointService, ReusePortListener)
 
 __all__ = ["Relay", "RelaySite", "make_service"]
+
+_log = Logger()
 
 
 class _UpstreamPoolService(Service):
@@ -85,6 +91,31 @@ class _SimulatedUpstreamService(Service):
             return self._port.stopListening()
 
 
+class _ReloadOnHangup(Service):
+    """
+    Reads the configuration file again on SIGHUP (in the reactor's thread),
+    while the relay runs; the signal's former handler is put back on stop.
+    """
+
+    def __init__(self, reactor, relay: "Relay"):
+        self._reactor = reactor
+        self._relay = relay
+        self._former = None
+
+    def startService(self):
+        Service.startService(self)
+        self._former = signal.signal(signal.SIGHUP, self._hangup)
+
+    def stopService(self):
+        Service.stopService(self)
+        if self._former is not None:
+            signal.signal(signal.SIGHUP, self._former)
+            self._former = None
+
+    def _hangup(self, signum, frame):
+        self._reactor.callFromThread(self._relay.reload)
+
+
 class _RelayService(MultiService):
     """
     The relay's services, stopped in order for a graceful shutdown: stop
@@ -136,6 +167,9 @@ class Relay:
     :ivar client: the upstream client (and its connection pool).
     :ivar dumps: the dump writer service, or ``None``.
     :ivar app: the Klein application.
+    :ivar router: the routes and the health of the upstreams and keys
+        (:mod:`twisted_relay.routing`); replaced on reload, keeping the
+        health of upstreams that did not change.
     :ivar service: a ``MultiService`` owning every part's life; it also
         listens on ``config.listen`` when that is not empty, and runs the
         other worker processes when ``config.workers`` is above 1.
@@ -147,6 +181,8 @@ class Relay:
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
+        self._worker = worker
+        self.router = Router(config, reactor)
         self.client = UpstreamClient(
             reactor,
             None if config.simulate else config.upstream,
@@ -198,12 +234,44 @@ class Relay:
                 # A port already in use stops twistd with a clear error at start.
                 _twisted.raise_listen_errors(listener)
             listener.setServiceParent(self.service)
+        self._workers = None
         if config.workers > 1 and not worker and shared:
-            WorkerProcesses(reactor, config, shared, lambda: self.client.base_url).setServiceParent(self.service)
+            self._workers = WorkerProcesses(reactor, config, shared, lambda: self.client.base_url)
+            self._workers.setServiceParent(self.service)
+        if config.config_file is not None and not worker:
+            _ReloadOnHangup(reactor, self).setServiceParent(self.service)
 
     def resource(self):
         """The relay's web resource, for mounting in another ``Site``."""
         return self.app.resource()
+
+    def reload(self) -> ReloadResult:
+        """
+        Read the configuration file again (with the command line, which
+        still wins). A valid one replaces :attr:`config` and :attr:`router`
+        for new requests; an invalid one is refused with one log line and
+        the running configuration stays.
+        """
+        result = reload_config(self.config, worker=self._worker)
+        if result.error is not None:
+            _log.error("Configuration not reloaded; the running one stays: {error}", error=result.error)
+            return result
+        self.config = result.config
+        self.router = self.router.reloaded(result.config)
+        if self._workers is not None:
+            self._workers.reload(result.config)
+        _log.info(
+            "Configuration reloaded from {config_file}: upstreams {upstreams}, {routes} routes",
+            config_file=result.config.config_file,
+            upstreams=", ".join(u.name for u in result.config.upstreams),
+            routes=len(result.config.routes),
+        )
+        if result.needs_restart:
+            _log.warn(
+                "Changed settings that take effect only at restart kept their running values: {settings}",
+                settings=", ".join(result.needs_restart),
+            )
+        return result
 
 
 def make_service(config: RelayConfig, reactor=None) -> MultiService:

@@ -6,6 +6,7 @@ The ``twistd relay`` command: its options and the service it makes.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from urllib.parse import urlsplit
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 from twisted.python import usage
 
 from twisted_relay.config import DEFAULT_LISTEN, DEFAULT_UPSTREAM, MiB, RelayConfig, default_bodies_in_flight
+from twisted_relay.configfile import ConfigFileError, FileSettings, load
 from twisted_relay.translation import POLICIES
 
 __all__ = ["Options", "makeService"]
@@ -146,9 +148,25 @@ class Options(usage.Options):
             "Relay processes sharing the tcp: listen addresses (SO_REUSEPORT), this one included: "
             "one per core uses every core.",
         ],
+        ["breaker-failures", None, "3", "Failures in a row after which an upstream (or a key) is skipped a while."],
+        ["breaker-cooldown", None, "30", "Seconds a failing upstream or key is skipped before it is probed."],
+        ["key-rest", None, "600", "Seconds a key the upstream refused (401/403) is skipped before it is probed."],
+        [
+            "config",
+            None,
+            None,
+            "A TOML file of settings ([relay]), upstreams and routes (see docs/routing.md); "
+            "the command line wins over it.",
+        ],
         ["simulate-seed", None, "0", "Seed of the simulated upstream (the same default as twisted-relay-simulated)."],
         ["simulate-reuse-every", None, "3", "The simulated model reuses an id every N tool calls (0: never)."],
         ["simulate-event-delay", None, "0", "Seconds between the simulated upstream's stream events."],
+        [
+            "simulate-threads",
+            None,
+            "ignore",
+            "How the simulated upstream treats message threads: ignore, rejects or knows.",
+        ],
     ]
     optFlags = [
         ["no-dumps", None, "Write no diagnostic dumps."],
@@ -164,6 +182,24 @@ class Options(usage.Options):
     def __init__(self):
         super().__init__()
         self["listen"] = []
+        # The options given on the command line, which win over the file's.
+        self._given: set[str] = set()
+        self._argv: tuple[str, ...] = ()
+        for name, handler in list(self._dispatch.items()):
+            self._dispatch[name] = _recording(name, handler, self._given)
+
+    def parseOptions(self, options=None):
+        import sys
+
+        self._argv = tuple(sys.argv[1:] if options is None else options)
+        super().parseOptions(options)
+
+    def _option_kinds(self) -> dict[str, str]:
+        """Each long option and how it takes its value, for the file's ``[relay]`` table."""
+        kinds = {name: "parameter" for name, *_ in self.optParameters}
+        kinds.update({name: "flag" for name, *_ in self.optFlags})
+        kinds["listen"] = "multi"
+        return kinds
 
     def opt_listen(self, description: str) -> None:
         """
@@ -186,6 +222,53 @@ class Options(usage.Options):
         sys.exit(0)
 
     def postOptions(self) -> None:
+        settings = None
+        if self["config"]:
+            try:
+                settings = load(self["config"], self._option_kinds())
+            except ConfigFileError as e:
+                raise usage.UsageError(str(e))
+            for name, value in settings.relay.items():
+                if name in self._given:
+                    continue
+                self[name] = value
+        try:
+            self._build()
+        except usage.UsageError as e:
+            raise _named_in_file(e, settings, self._given)
+        if settings is not None:
+            self._apply_file(settings)
+
+    def _apply_file(self, settings: FileSettings) -> None:
+        """Take the file's upstreams and routes, unless the command line says otherwise."""
+        # Read again on reload, from wherever the process is by then.
+        path = os.path.abspath(settings.path)
+        config = self.config.with_changes(config_file=path, command_line=self._argv + ("--config", path))
+        if settings.upstreams:
+            if self._given & {"upstream", "simulate"}:
+                # The command line wins: one upstream for every model.
+                settings = FileSettings(settings.path, settings.relay)
+            else:
+                for name in ("upstream-key", "upstream-ids"):
+                    if name in self._given:
+                        raise usage.UsageError(
+                            "--%s describes the one upstream of --upstream; %s has [upstreams] tables, "
+                            "which take their own keys and ids." % (name, settings.path)
+                        )
+                # Until the request path reads the routes, it relays to the
+                # one upstream these settings name: the file's first.
+                first = settings.upstreams[0]
+                config = config.with_changes(
+                    upstreams=settings.upstreams,
+                    upstream=first.url,
+                    upstream_key=first.keys[0] if first.keys else None,
+                    upstream_ids=first.ids,
+                )
+        if settings.routes:
+            config = config.with_changes(routes=settings.routes)
+        self.config = config
+
+    def _build(self) -> None:
         from twisted.internet import reactor
         from twisted.internet.endpoints import serverFromString
 
@@ -238,6 +321,10 @@ class Options(usage.Options):
             raise usage.UsageError("--simulate-seed and --simulate-reuse-every must be whole numbers.")
         if reuse_every < 0:
             raise usage.UsageError("--simulate-reuse-every must be zero or more.")
+        from twisted_relay.simulated.threads import THREAD_MODES
+
+        if self["simulate-threads"] not in THREAD_MODES:
+            raise usage.UsageError(f"--simulate-threads must be one of {', '.join(THREAD_MODES)}.")
         try:
             max_connections = int(self["max-upstream-connections"])
         except ValueError:
@@ -259,7 +346,13 @@ class Options(usage.Options):
             raise usage.UsageError(
                 "--retry-statuses may hold 429 and 5xx statuses only: a 4xx such as 400 will fail again."
             )
+        breaker_failures = _whole("breaker-failures", self["breaker-failures"])
+        if breaker_failures < 1:
+            raise usage.UsageError("--breaker-failures must be 1 or more, not %r." % (self["breaker-failures"],))
         self.config = RelayConfig(
+            breaker_failures=breaker_failures,
+            breaker_cooldown=_positive("breaker-cooldown", self["breaker-cooldown"]),
+            key_rest=_positive("key-rest", self["key-rest"]),
             listen=listen,
             upstream=upstream,
             upstream_key=upstream_key,
@@ -293,8 +386,39 @@ class Options(usage.Options):
                 "event_delay": _positive(
                     "simulate-event-delay", self["simulate-event-delay"], allow_zero=True
                 ),
+                "threads": self["simulate-threads"],
             },
         )
+
+
+def _recording(name: str, handler, given: set):
+    """An option handler that also notes the option was given."""
+
+    def record(option, value=None):
+        given.add(name)
+        if isinstance(handler, usage.CoerceParameter):
+            return handler.dispatch(option, value)
+        return handler(option, value)
+
+    return record
+
+
+def _named_in_file(error: usage.UsageError, settings: FileSettings | None, given: set) -> usage.UsageError:
+    """
+    A usage error about an option the file gave, told as the file's: its
+    path, the ``[relay]`` table and the key, without the value (the file
+    shows it, and a key pasted in the wrong place must not reach a log).
+    """
+    message = str(error)
+    if settings is not None and message.startswith("--"):
+        name = re.match(r"--([a-z-]+)", message).group(1)
+        if name in settings.relay and name not in given:
+            text = re.sub(r",? not '.*'\.?$", ".", message[2:])
+            text = re.sub(r" '.*' is not a valid endpoint.*$", ": not a valid Twisted endpoint string.", text)
+            if name != "relay-keys":  # a path, which helps and is no key
+                text = re.sub(r"'[^']*'", "(the value given)", text)
+            return usage.UsageError("%s: [relay] %s" % (settings.path, text))
+    return error
 
 
 def makeService(options: Options, reactor=None):

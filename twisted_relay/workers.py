@@ -18,7 +18,6 @@ A worker whose first process dies stops too.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -154,13 +153,12 @@ class ReusePortListener(Service):
 
 def config_to_json(config: RelayConfig) -> str:
     """A configuration as JSON, for a worker's environment."""
-    return json.dumps(dataclasses.asdict(config))
+    return json.dumps(config.to_dict())
 
 
 def config_from_json(text: str) -> RelayConfig:
     """The configuration :func:`config_to_json` wrote."""
-    values = json.loads(text)
-    return RelayConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    return RelayConfig.from_dict(json.loads(text))
 
 
 class _WorkerProtocol(ProcessProtocol):
@@ -221,6 +219,13 @@ class WorkerProcesses(Service):
 
     def startService(self):
         Service.startService(self)
+        self._set_environment()
+        for name in self.names:
+            self._delays[name] = _FIRST_RESTART_DELAY
+            self._start(name)
+
+    def _set_environment(self) -> None:
+        """The environment workers start with: this process's, with their configuration."""
         config = self._config.with_changes(
             listen=tuple(_description(listener) for listener in self._listeners),
             upstream=self._upstream(),
@@ -230,9 +235,21 @@ class WorkerProcesses(Service):
         env = dict(os.environ)
         env[_CONFIG_VARIABLE] = config_to_json(config)
         self._env = env
-        for name in self.names:
-            self._delays[name] = _FIRST_RESTART_DELAY
-            self._start(name)
+
+    def reload(self, config: RelayConfig) -> None:
+        """
+        This process took a new configuration: workers started from now on
+        get it, and the running ones are told to read the file again (SIGHUP).
+        """
+        self._config = config
+        if not self.running:
+            return
+        self._set_environment()
+        for process in list(self._processes.values()):
+            try:
+                process.signalProcess("HUP")
+            except ProcessExitedAlready:
+                pass
 
     def _start(self, name: str) -> None:
         self._restarts.pop(name, None)
@@ -349,6 +366,11 @@ def main(argv: list[str] | None = None) -> None:
         [FileLogObserver(out, lambda event: eventAsJSON(event) + "\n")], redirectStandardIO=False
     )
     relay = Relay(config, reactor, worker=True)
+    if config.config_file is not None:
+        import signal
+
+        # The first process passes SIGHUP on once it has read the file again.
+        signal.signal(signal.SIGHUP, lambda signum, frame: reactor.callFromThread(relay.reload))
     relay.service.startService()
     reactor.addSystemEventTrigger("before", "shutdown", relay.service.stopService)
     StandardIO(_FirstProcessWatch(reactor), stdin=0, stdout=os.open(os.devnull, os.O_WRONLY))

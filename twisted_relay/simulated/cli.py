@@ -23,6 +23,7 @@ from twisted.web.server import Site
 from twisted_relay._argtypes import seconds, whole_number
 from twisted_relay.simulated.model import ID_STYLES, MODES
 from twisted_relay.simulated.resource import SimulatedUpstream
+from twisted_relay.simulated.threads import THREAD_MODES
 
 __all__ = ["build_parser", "main", "parse_args", "serve", "upstream_from"]
 
@@ -89,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="SSE line ending (default: %(default)s).",
     )
     parser.add_argument(
+        "--threads",
+        choices=THREAD_MODES,
+        default="ignore",
+        help="Message threads: ignore the thread field, reject it (400), or know threads "
+        "(default: %(default)s).",
+    )
+    parser.add_argument(
         "--require-key",
         metavar="KEY",
         help="Answer 401 unless x-api-key or Authorization: Bearer carries KEY.",
@@ -131,6 +139,7 @@ def upstream_from(options: argparse.Namespace, reactor: object = None) -> Simula
         lookalikes=options.lookalikes,
         line_ending=_LINE_ENDINGS[options.line_ending],
         require_key=options.require_key,
+        threads=options.threads,
     )
 
 

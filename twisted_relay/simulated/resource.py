@@ -46,6 +46,8 @@ from twisted_relay.simulated.model import (
     plan_chunks,
     seeded_rng,
 )
+from twisted_relay.simulated.threads import SimulatedThreads, ThreadTurn
+from twisted_relay.threads import ThreadError
 
 __all__ = ["MAX_BODY", "ReceivedRequest", "SimulatedUpstream", "get_model", "list_models"]
 
@@ -99,6 +101,10 @@ class SimulatedUpstream:
     :param require_key: if set, requests must carry it in ``x-api-key`` or
         ``Authorization: Bearer``.
     :param keep_requests: how many requests :attr:`requests` keeps.
+    :param threads: how message threads are treated: ``ignore`` (the
+        ``thread`` field is ignored), ``rejects`` (400 naming the field) or
+        ``knows`` (kept and honoured); see
+        :mod:`twisted_relay.simulated.threads`.
 
     :ivar requests: the last requests received, oldest first, as
         :class:`ReceivedRequest`.
@@ -120,6 +126,7 @@ class SimulatedUpstream:
         line_ending: str = "\n",
         require_key: str | None = None,
         keep_requests: int = 100,
+        threads: str = "ignore",
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
@@ -143,6 +150,7 @@ class SimulatedUpstream:
         self._reactor = reactor
         self._require_key = require_key
         self._ledger = ConversationLedger()
+        self.threads = SimulatedThreads(threads, lambda: self.reactor)
 
     def resource(self) -> IResource:
         """The root resource: ``/v1/messages``, ``/v1/messages/count_tokens``,
@@ -199,11 +207,31 @@ class SimulatedUpstream:
 
         :raises Rejection: when the mode rejects the request.
         """
-        key = self._check(body, headers, for_count=False)
+        message, turn = self.answer_turn(body, headers)
+        if turn is not None:
+            turn.answered(message)
+        return message
+
+    def answer_turn(self, body: Any, headers: dict[str, str]) -> tuple[dict, ThreadTurn | None]:
+        """
+        Like :meth:`answer`, for a request that may be a thread's: the
+        answer, and the :class:`ThreadTurn` to settle once it was written
+        (``None`` when the request is not a thread).
+
+        :raises Rejection: when the mode rejects the request.
+        :raises ThreadError: when the threads refuse it.
+        """
+        body, turn = self.threads.open(body)
+        try:
+            key = self._check(body, headers, for_count=False)
+        except BaseException:
+            if turn is not None:
+                turn.failed()
+            raise
         message = compose_answer(body, self.options)
         if key is not None:
             self._ledger.record(key, declaration_ids(body["messages"]) + declaration_ids([message]))
-        return message
+        return message, turn
 
     def count(self, body: Any, headers: dict[str, str]) -> dict:
         """Validate a count_tokens request and count it.
@@ -321,6 +349,11 @@ class _SimulatedResource(Resource):
                 message=bounded(rejection.message),
             )
             return self._error(request, rejection)
+        except ThreadError as error:
+            request.setResponseCode(error.status)
+            request.setHeader(b"content-type", b"application/json")
+            request_id = request.responseHeaders.getRawHeaders(b"request-id")[0].decode("ascii")
+            return _body_for(request, error.body(request_id))
 
     def _route(
         self, request: IRequest, method: str, path: str, headers: dict[str, str], raw: bytes, body: Any
@@ -346,9 +379,11 @@ class _SimulatedResource(Resource):
                     "There was an error parsing the body of your request: expected JSON",
                 )
         if path == "/v1/messages":
-            message = self._upstream.answer(body, headers)
+            message, turn = self._upstream.answer_turn(body, headers)
             if isinstance(body, dict) and body.get("stream") is True:
-                return self._stream(request, self._upstream.stream_pieces(message))
+                return self._stream(request, self._upstream.stream_pieces(message), message, turn)
+            if turn is not None:
+                turn.answered(message)
             return self._ok(request, message)
         if path == "/v1/messages/count_tokens":
             return self._ok(request, self._upstream.count(body, headers))
@@ -367,10 +402,15 @@ class _SimulatedResource(Resource):
         request_id = request.responseHeaders.getRawHeaders(b"request-id")[0].decode("ascii")
         return _body_for(request, error_body(rejection.error_type, rejection.message, request_id))
 
-    def _stream(self, request: IRequest, pieces: list[tuple[float, bytes]]) -> int:
+    def _stream(
+        self, request: IRequest, pieces: list[tuple[float, bytes]], message: dict, turn: ThreadTurn | None
+    ) -> int:
         request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
         request.setHeader(b"cache-control", b"no-cache")
-        _PacedWriter(request, pieces, self._upstream.reactor).start()
+        writer = _PacedWriter(request, pieces, self._upstream.reactor)
+        if turn is not None:
+            writer.on_end = lambda whole: turn.answered(message) if whole else turn.failed()
+        writer.start()
         return NOT_DONE_YET
 
 
@@ -407,6 +447,13 @@ class _PacedWriter:
         self._paused = False
         self._done = False
         self._started_at = 0.0
+        #: Called once with whether the whole stream was written.
+        self.on_end: Any = None
+
+    def _ended(self, whole: bool) -> None:
+        on_end, self.on_end = self.on_end, None
+        if on_end is not None:
+            on_end(whole)
 
     def start(self) -> None:
         """Begin writing; the first piece goes out on the next clock tick."""
@@ -430,11 +477,13 @@ class _PacedWriter:
             self._done = True
             self._request.unregisterProducer()
             self._request.finish()
+            self._ended(True)
         else:
             self._schedule()
 
     def _cancel(self) -> None:
         self._done = True
+        self._ended(False)
         if self._call is not None:
             self._call.cancel()
             self._call = None

@@ -1,0 +1,110 @@
+"""
+What message threads do to a session today: the official SDK's default tool
+runner (threads on) against the simulated upstream, straight and through the
+relay, in front of an upstream that ignores the ``thread`` field (strict, it
+reuses ids), one that rejects it, and one that knows threads (stateful, it
+reuses ids). All on 127.0.0.1, in this process.
+
+    python -m bench.threads_today --turns 30
+
+Per run: the turns completed, the error that ended the session if one did,
+and how many tool-use ids the client saw more than once. The relay's thread
+support (issue 15) is meant to turn every "through the relay" row into
+"all turns, no duplicate".
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+from twisted.internet import defer, task
+from twisted.internet.threads import deferToThread
+from twisted.web.server import Site
+
+from twisted_relay.config import RelayConfig
+from twisted_relay.service import Relay, RelaySite
+from twisted_relay.simulated import SimulatedUpstream
+
+UPSTREAMS = (
+    ("ignores thread (strict)", {"mode": "strict", "threads": "ignore"}),
+    ("rejects thread (strict)", {"mode": "strict", "threads": "rejects"}),
+    ("knows threads (stateful)", {"mode": "stateful", "threads": "knows"}),
+)
+
+
+def tool_runner_session(base_url: str, turns: int) -> dict:
+    """The SDK's default tool runner for ``turns`` turns; runs in a thread."""
+    import anthropic
+    from anthropic import beta_tool
+
+    @beta_tool
+    def get_weather(location: str) -> str:
+        """Weather at a place.
+
+        Args:
+            location: the city.
+        """
+        return f"sunny in {location}"
+
+    client = anthropic.Anthropic(base_url=base_url, api_key="sk-bench", max_retries=0, timeout=30)
+    completed, error, ids = 0, None, Counter()
+    try:
+        runner = client.beta.messages.tool_runner(
+            model="claude-sonnet-4-5", max_tokens=256, tools=[get_weather],
+            messages=[{"role": "user", "content": "Weather everywhere, one call at a time."}],
+            max_iterations=turns,
+        )
+        for message in runner:
+            completed += 1
+            ids.update(block.id for block in message.content if block.type == "tool_use")
+    except anthropic.APIStatusError as caught:
+        message = caught.body.get("error", {}).get("message") if isinstance(caught.body, dict) else caught.body
+        error = f"{caught.status_code} {str(message)[:110]}"
+    finally:
+        client.close()
+    return {"completed": completed, "error": error, "duplicates": sum(1 for n in ids.values() if n > 1)}
+
+
+async def run(reactor, turns: int, seed: int) -> list[tuple[str, str, dict]]:
+    rows = []
+    for name, options in UPSTREAMS:
+        for through_relay in (False, True):
+            sim = SimulatedUpstream(reactor=reactor, seed=seed, **options)
+            upstream_port = reactor.listenTCP(0, Site(sim.resource()), interface="127.0.0.1")
+            url = f"http://127.0.0.1:{upstream_port.getHost().port}"
+            relay = relay_port = None
+            if through_relay:
+                relay = Relay(RelayConfig(listen=(), upstream=url, dump_dir=None), reactor)
+                relay.service.startService()
+                relay_port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
+                url = f"http://127.0.0.1:{relay_port.getHost().port}"
+            try:
+                result = await deferToThread(tool_runner_session, url, turns)
+            finally:
+                if relay_port is not None:
+                    await relay_port.stopListening()
+                    await relay.service.stopService()
+                await upstream_port.stopListening()
+            rows.append((name, "relay" if through_relay else "direct", result))
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=1)
+    options = parser.parse_args(argv)
+
+    async def body(reactor):
+        rows = await run(reactor, options.turns, options.seed)
+        print(f"{'upstream':26} {'path':7} {'turns':>9} {'dup ids':>8}  error")
+        for name, path, result in rows:
+            print(f"{name:26} {path:7} {result['completed']:>4}/{options.turns:<4} "
+                  f"{result['duplicates']:>8}  {result['error'] or '-'}")
+
+    task.react(lambda reactor: defer.ensureDeferred(body(reactor)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""
+A real ``redis-server`` for tests, on a free 127.0.0.1 port, started and
+stopped by the test itself (no persistence, nothing written to disk).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+REDIS_SERVER = shutil.which("redis-server")
+
+#: Why Redis tests are skipped, or ``None`` when they can run.
+SKIP_REASON = (
+    None
+    if REDIS_SERVER is not None
+    else "redis-server is not installed (apt-get install redis-server; .ci/run installs it)"
+)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RedisServer:
+    """
+    One ``redis-server`` process.
+
+    :ivar port: where it listens (kept across :meth:`stop` and :meth:`start`).
+    """
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start it and wait (bounded) until it accepts connections."""
+        self._process = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self._process.poll() is not None:
+                self.stop()
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop it (this process only, by its own handle) and wait for it."""
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None

@@ -1,0 +1,177 @@
+"""
+Tests for reloading a running relay's configuration file: L{Relay.reload},
+and SIGHUP doing it in a running ``twistd relay`` service.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.logger import globalLogPublisher
+from twisted.python.filepath import FilePath
+from twisted.trial.unittest import TestCase
+
+from twisted_relay import Relay
+from twisted_relay.config import Target
+from twisted_relay.tap import Options
+
+SECRET = "sk-ant-reload-secret-0005"
+
+CONFIG = """
+[relay]
+listen = ["tcp:0:interface=127.0.0.1"]
+no-dumps = true
+no-gc-tuning = true
+
+[upstreams.local]
+url = "http://127.0.0.1:8000"
+
+[upstreams.anthropic]
+url = "https://api.anthropic.com"
+keys = ["%s"]
+
+[[routes]]
+models = ["claude-haiku-*"]
+targets = [{ upstream = "local", model = "MODEL" }, { upstream = "anthropic" }]
+
+[[routes]]
+targets = [{ upstream = "anthropic" }]
+""" % (SECRET,)
+
+
+class ReloadTests(TestCase):
+    """
+    A valid file applies to new requests (the relay's configuration and
+    router); an invalid one is refused with one log line and the running
+    configuration stays.
+    """
+
+    def setUp(self):
+        folder = FilePath(self.mktemp())
+        folder.makedirs()
+        self.path = folder.child("relay.toml")
+        self.write("small-model")
+        options = Options()
+        options.parseOptions(["--config", self.path.path])
+        self.relay = Relay(options.config, reactor)
+        self.events = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def write(self, model, text=CONFIG):
+        self.path.setContent(text.replace("MODEL", model).encode())
+
+    def haiku_target(self):
+        plan = self.relay.router.plan({"model": "claude-haiku-4-5"}, 10)
+        return plan.first()
+
+    def logged(self):
+        from twisted.logger import formatEvent
+
+        return [formatEvent(e) for e in self.events if e.get("log_namespace", "").startswith("twisted_relay")]
+
+    def test_valid_file(self):
+        """
+        A valid file replaces the routes for new requests, and the router
+        keeps what it learned of upstreams that did not change.
+        """
+        self.assertEqual(self.haiku_target().model, "small-model")
+        router = self.relay.router
+        for _ in range(3):
+            plan = router.plan({"model": "claude-haiku-4-5"}, 10)
+            plan.report(plan.first(), error_kind="connect")
+        self.assertEqual(router.state("local"), "open")
+        self.write("smaller-model")
+        result = self.relay.reload()
+        self.assertIsNone(result.error)
+        self.assertEqual(self.relay.config.routes[0].targets[0], Target("local", "smaller-model"))
+        self.assertEqual(self.relay.router.state("local"), "open")
+        self.assertTrue(any("Configuration reloaded" in line for line in self.logged()))
+
+    def test_invalid_file(self):
+        """
+        An invalid file is refused with one log line naming the file, table
+        and key; the running configuration and router stay.
+        """
+        config, router = self.relay.config, self.relay.router
+        self.write("x", CONFIG.replace('upstream = "local"', 'upstream = "locl"'))
+        result = self.relay.reload()
+        self.assertIs(self.relay.config, config)
+        self.assertIs(self.relay.router, router)
+        lines = [line for line in self.logged() if "not reloaded" in line]
+        self.assertEqual(len(lines), 1)
+        self.assertIn("%s: [[routes]] #1 targets #1 upstream:" % (self.path.path,), lines[0])
+        self.assertIn(result.error, lines[0])
+        for line in self.logged():
+            self.assertNotIn(SECRET, line)
+
+    async def test_sighup(self):
+        """
+        In a running relay service, SIGHUP reads the file again; stopping
+        the service puts the former SIGHUP handler back.
+        """
+        former = signal.getsignal(signal.SIGHUP)
+        self.relay.service.startService()
+        try:
+            self.write("after-hangup")
+            os.kill(os.getpid(), signal.SIGHUP)
+            for _ in range(100):
+                if self.haiku_target().model == "after-hangup":
+                    break
+                await deferLater(reactor, 0.02, lambda: None)
+            self.assertEqual(self.haiku_target().model, "after-hangup")
+        finally:
+            await self.relay.service.stopService()
+        self.assertEqual(signal.getsignal(signal.SIGHUP), former)
+
+
+class FileUpstreamsTodayTests(TestCase):
+    """
+    Until the request path reads the routes, a relay started with a file of
+    upstreams relays to the file's first upstream, with its first key: not
+    to the default upstream, and never without the key it was given.
+    """
+
+    async def test_first_upstream_serves(self):
+        """A request through the relay reaches the first upstream, carrying its key."""
+        import treq
+        from twisted.web.resource import Resource
+        from twisted.web.server import Site
+
+        from twisted_relay.simulated import SimulatedUpstream
+
+        sim = SimulatedUpstream(mode="lenient", require_key=SECRET)
+        sim_port = reactor.listenTCP(0, Site(sim.resource()), interface="127.0.0.1")
+        self.addCleanup(sim_port.stopListening)
+        probe = reactor.listenTCP(0, Site(Resource()), interface="127.0.0.1")
+        relay_port = probe.getHost().port
+        await probe.stopListening()
+        folder = FilePath(self.mktemp())
+        folder.makedirs()
+        path = folder.child("relay.toml")
+        path.setContent(
+            (
+                '[relay]\nlisten = "tcp:%d:interface=127.0.0.1"\nno-dumps = true\n\n'
+                '[upstreams.sim]\nurl = "http://127.0.0.1:%d"\nkeys = ["env:RELAY_TODAY_KEY", "sk-ant-second"]\n\n'
+                '[upstreams.other]\nurl = "http://127.0.0.1:9"\n'
+                % (relay_port, sim_port.getHost().port)
+            ).encode()
+        )
+        self.patch(os, "environ", dict(os.environ, RELAY_TODAY_KEY=SECRET))
+        options = Options()
+        options.parseOptions(["--config", path.path, "--no-gc-tuning"])
+        relay = Relay(options.config, reactor)
+        relay.service.startService()
+        self.addCleanup(relay.service.stopService)
+        response = await treq.post(
+            "http://127.0.0.1:%d/v1/messages" % (relay_port,),
+            data=b'{"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}',
+            headers={"content-type": ["application/json"], "x-api-key": ["sk-ant-client-own"]},
+            persistent=False,
+        )
+        self.assertEqual(response.code, 200, await response.text())
+        await response.content()
+        self.assertEqual(len(sim.requests), 1)

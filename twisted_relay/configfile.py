@@ -1,0 +1,496 @@
+# -*- test-case-name: tests.test_configfile -*-
+"""
+The ``--config`` file: TOML with a ``[relay]`` table of command-line options,
+``[upstreams.NAME]`` tables and ``[[routes]]`` (see ``docs/routing.md``).
+
+:func:`load` reads and checks a file and gives its settings as plain values;
+every mistake is a :class:`ConfigFileError` whose message is one line naming
+the file, the table and the key, and never holds a key's value.
+:func:`reload_config` reads the file of a running configuration again.
+
+No Twisted here except in :func:`reload_config`, which parses the command
+line again through ``twisted_relay.tap``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+from typing import Mapping
+from urllib.parse import urlsplit
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from twisted_relay.config import DEFAULT_UPSTREAM_NAME, MiB, RelayConfig, Route, Target, Upstream
+
+__all__ = [
+    "ConfigFileError",
+    "FileSettings",
+    "ONE_UPSTREAM_OPTIONS",
+    "RELOADED_SETTINGS",
+    "load",
+    "reload_config",
+]
+
+#: How an option of ``twistd relay`` takes its value: ``parameter`` (one
+#: value), ``flag`` (true or false) or ``multi`` (one value or a list).
+OptionKinds = Mapping[str, str]
+
+#: The options that describe the one upstream of a relay without
+#: ``[upstreams]``; the file may not give them beside ``[upstreams]``.
+ONE_UPSTREAM_OPTIONS = ("upstream", "upstream-key", "upstream-ids", "simulate")
+
+#: The settings a reload changes; the others keep their running values
+#: until the relay is started again.
+RELOADED_SETTINGS = (
+    "upstream",
+    "upstream_key",
+    "upstream_ids",
+    "upstreams",
+    "routes",
+    "breaker_failures",
+    "breaker_cooldown",
+    "key_rest",
+)
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_ENVIRONMENT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_POLICIES = ("unique", "original")
+_UPSTREAM_KEYS = (
+    "url",
+    "keys",
+    "ids",
+    "connect-timeout",
+    "response-timeout",
+    "idle-timeout",
+    "max-connections",
+)
+_ROUTE_KEYS = ("models", "targets", "thinking", "images", "body-over")
+_TARGET_KEYS = ("upstream", "model")
+_TABLES = ("relay", "upstreams", "routes")
+
+
+class ConfigFileError(Exception):
+    """
+    A configuration file that cannot be used. Its message is one line that
+    names the file, the table and the key, and never holds a key's value.
+    """
+
+
+@dataclass(frozen=True)
+class FileSettings:
+    """
+    What a configuration file says.
+
+    :ivar path: the file.
+    :ivar relay: the ``[relay]`` options by long name: a string for an
+        option taking a value (``upstream-key`` already read from its
+        ``env:`` or ``file:`` source), ``True`` for a flag that is on, a
+        list of strings for ``listen``. Never shown by ``repr``.
+    :ivar upstreams: the ``[upstreams.NAME]`` tables in file order; empty
+        when the file has none.
+    :ivar routes: the ``[[routes]]`` in file order; empty when none.
+    """
+
+    path: str
+    relay: dict = field(default_factory=dict, repr=False)
+    upstreams: tuple[Upstream, ...] = ()
+    routes: tuple[Route, ...] = ()
+
+    def __repr__(self) -> str:
+        shown = ", ".join("%s=%r" % (f.name, getattr(self, f.name)) for f in fields(self) if f.repr)
+        return "FileSettings(%s, relay=<options %s>)" % (shown, ", ".join(sorted(self.relay)))
+
+
+class _Table:
+    """Where in the file a value is, for error messages."""
+
+    def __init__(self, path: str, table: str):
+        self.path = path
+        self.table = table
+
+    def error(self, key: str | None, problem: str) -> ConfigFileError:
+        where = "%s: %s" % (self.path, self.table)
+        if key is not None:
+            where += " " + key
+        return ConfigFileError("%s: %s" % (where, problem))
+
+    def only(self, values: dict, known: tuple[str, ...]) -> None:
+        for key in values:
+            if key not in known:
+                raise self.error(
+                    _shown_name(key), "unknown key (known: %s)" % (", ".join(known),)
+                )
+
+
+def _shown_name(name: str) -> str:
+    """A key's name as an error shows it: names are never secret, but keep them short and printable."""
+    name = name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
+    return name if len(name) <= 64 else name[:64] + "..."
+
+
+def load(path: str, options: OptionKinds, environ: Mapping[str, str] | None = None) -> FileSettings:
+    """
+    Read and check a configuration file.
+
+    :param options: the long names of ``twistd relay``'s options and how each
+        takes its value (see :data:`OptionKinds`); ``[relay]`` may hold these.
+    :param environ: where ``env:VAR`` keys are read; ``os.environ`` by default.
+    :raises ConfigFileError: at the first mistake.
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigFileError("%s: cannot read it: %s" % (path, e.strerror or e.__class__.__name__))
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigFileError("%s: not UTF-8 text" % (path,))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigFileError("%s: not valid TOML: %s" % (path, str(e).splitlines()[0]))
+
+    folder = os.path.dirname(os.path.abspath(path))
+    for name, value in data.items():
+        if name not in _TABLES:
+            if isinstance(value, (dict, list)):
+                raise ConfigFileError(
+                    "%s: unknown table [%s] (known: [relay], [upstreams.NAME], [[routes]])"
+                    % (path, _shown_name(name))
+                )
+            raise ConfigFileError(
+                "%s: unknown key %s outside any table (known tables: [relay], [upstreams.NAME], [[routes]])"
+                % (path, _shown_name(name))
+            )
+
+    relay = _relay_table(path, data.get("relay", {}), options, environ, folder)
+    upstreams = _upstream_tables(path, data.get("upstreams", {}), environ, folder)
+    if upstreams:
+        for name in ONE_UPSTREAM_OPTIONS:
+            if name in relay:
+                raise _Table(path, "[relay]").error(
+                    name, "describes the one upstream of a relay without [upstreams]; this file has [upstreams]"
+                )
+    defined = tuple(u.name for u in upstreams) or (DEFAULT_UPSTREAM_NAME,)
+    routes = _routes(path, data.get("routes", []), defined)
+    return FileSettings(path=path, relay=relay, upstreams=upstreams, routes=routes)
+
+
+def _relay_table(path, table, options: OptionKinds, environ, folder) -> dict:
+    where = _Table(path, "[relay]")
+    if not isinstance(table, dict):
+        raise ConfigFileError("%s: relay must be a table, [relay]" % (path,))
+    settings: dict = {}
+    for name, value in table.items():
+        if name == "config":
+            raise where.error(name, "a configuration file cannot name another")
+        kind = options.get(name)
+        if kind is None:
+            raise where.error(
+                _shown_name(name), "unknown option (every long option of twistd relay --help may be given here)"
+            )
+        if kind == "flag":
+            if not isinstance(value, bool):
+                raise where.error(name, "must be true or false")
+            if value:
+                settings[name] = True
+        elif kind == "multi":
+            values = [value] if isinstance(value, str) else value
+            if not isinstance(values, list) or not values or not all(isinstance(v, str) and v for v in values):
+                raise where.error(name, "must be a string or a list of strings")
+            settings[name] = list(values)
+        elif name == "upstream-key":
+            if not isinstance(value, str) or not value:
+                raise where.error(name, 'must be a string: "env:VAR", "file:PATH" or the key')
+            settings[name] = _key(where, name, value, environ, folder)
+        else:
+            settings[name] = _option_text(where, name, value)
+    return settings
+
+
+def _option_text(where: _Table, name: str, value) -> str:
+    """An option's value as its command line would give it."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float, list)):
+        raise where.error(name, "must be a string or a number")
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
+            raise where.error(name, "must be a string, a number or a list of them")
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _upstream_tables(path, tables, environ, folder) -> tuple[Upstream, ...]:
+    if not isinstance(tables, dict):
+        raise ConfigFileError("%s: upstreams must be tables, one [upstreams.NAME] each" % (path,))
+    upstreams = []
+    for name, table in tables.items():
+        where = _Table(path, "[upstreams.%s]" % (_shown_name(name),))
+        if not _NAME.match(name):
+            raise where.error(None, "an upstream's name holds letters, digits, - and _ only")
+        if not isinstance(table, dict):
+            raise ConfigFileError(
+                "%s: upstreams.%s must be a table, [upstreams.%s]" % (path, _shown_name(name), _shown_name(name))
+            )
+        where.only(table, _UPSTREAM_KEYS)
+        if "url" not in table:
+            raise where.error("url", "missing: every upstream needs its base URL")
+        upstreams.append(
+            Upstream(
+                name=name,
+                url=_url(where, table["url"]),
+                keys=_keys(where, table.get("keys"), environ, folder),
+                ids=_policy(where, table.get("ids", "unique")),
+                connect_timeout=_seconds(where, "connect-timeout", table.get("connect-timeout")),
+                response_timeout=_seconds(where, "response-timeout", table.get("response-timeout")),
+                idle_timeout=_seconds(where, "idle-timeout", table.get("idle-timeout")),
+                max_connections=_count(where, "max-connections", table.get("max-connections")),
+            )
+        )
+    return tuple(upstreams)
+
+
+def _url(where: _Table, value) -> str:
+    # The value is never repeated: a URL may carry credentials.
+    if not isinstance(value, str):
+        raise where.error("url", "must be a string, an http:// or https:// URL")
+    url = value.rstrip("/")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError:
+        raise where.error("url", "is not a URL")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise where.error("url", "must be an http:// or https:// URL with a host")
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise where.error("url", "may hold no user name, password, query or fragment (give keys in keys)")
+    return url
+
+
+def _keys(where: _Table, value, environ, folder) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise where.error("keys", 'must be a list of strings: "env:VAR", "file:PATH" or the key')
+    if not value:
+        raise where.error("keys", "is empty: give at least one key, or leave keys out to pass the client's own")
+    keys: list[str] = []
+    for position, source in enumerate(value, 1):
+        label = "keys #%d" % (position,)
+        key = _key(where, label, source, environ, folder)
+        if key in keys:
+            raise where.error(label, "is the same key as keys #%d" % (keys.index(key) + 1,))
+        keys.append(key)
+    return tuple(keys)
+
+
+def _key(where: _Table, label: str, source: str, environ, folder) -> str:
+    """A key from its source: ``env:VAR``, ``file:PATH`` or the key itself."""
+    if source.startswith("env:"):
+        variable = source[4:]
+        if not _ENVIRONMENT_NAME.match(variable):
+            raise where.error(label, "env: must name an environment variable")
+        key = environ.get(variable, "").strip()
+        if not key:
+            raise where.error(label, "the environment variable %s is not set" % (variable,))
+    elif source.startswith("file:"):
+        name = source[5:]
+        file_path = os.path.join(folder, os.path.expanduser(name))
+        try:
+            with open(file_path, encoding="utf-8") as f:
+                key = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            why = getattr(e, "strerror", None) or "not UTF-8 text"
+            raise where.error(label, "cannot read the key file %s: %s" % (name, why))
+        if not key:
+            raise where.error(label, "the key file %s is empty" % (name,))
+        if "\n" in key:
+            raise where.error(label, "the key file %s holds more than one line; one key a file" % (name,))
+    else:
+        key = source.strip()
+        if not key:
+            raise where.error(label, "is empty")
+    if any(c.isspace() for c in key) or not key.isprintable():
+        raise where.error(label, "holds spaces or control characters, which no key holds")
+    return key
+
+
+def _policy(where: _Table, value) -> str:
+    if value not in _POLICIES:
+        raise where.error("ids", "must be unique or original")
+    return value
+
+
+def _seconds(where: _Table, key: str, value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise where.error(key, "must be a number of seconds above zero")
+    return float(value)
+
+
+def _count(where: _Table, key: str, value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise where.error(key, "must be a whole number above zero")
+    return value
+
+
+def _size(where: _Table, key: str, value) -> int:
+    """A size: bytes as a number, or a string such as ``512K``, ``32M``, ``1G``."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise where.error(key, 'must be a size: bytes, or a string such as "100K"')
+    if isinstance(value, int):
+        number = value
+    else:
+        text = value.strip().upper().removesuffix("B").removesuffix("I")
+        scale = 1
+        for suffix, factor in (("K", 1024), ("M", MiB), ("G", 1024 * MiB)):
+            if text.endswith(suffix):
+                text, scale = text[:-1], factor
+                break
+        try:
+            number = int(float(text) * scale)
+        except ValueError:
+            raise where.error(key, 'must be a size: bytes, or a string such as "100K"')
+    if number < 0:
+        raise where.error(key, "must be zero or more")
+    return number
+
+
+def _routes(path, tables, defined: tuple[str, ...]) -> tuple[Route, ...]:
+    if not isinstance(tables, list):
+        raise ConfigFileError("%s: routes must be an array of tables, one [[routes]] each" % (path,))
+    routes = []
+    for position, table in enumerate(tables, 1):
+        where = _Table(path, "[[routes]] #%d" % (position,))
+        if not isinstance(table, dict):
+            raise where.error(None, "must be a table")
+        where.only(table, _ROUTE_KEYS)
+        routes.append(
+            Route(
+                targets=_targets(where, table.get("targets"), defined),
+                models=_models(where, table.get("models")),
+                thinking=_condition(where, "thinking", table.get("thinking")),
+                images=_condition(where, "images", table.get("images")),
+                body_over=None if "body-over" not in table else _size(where, "body-over", table["body-over"]),
+            )
+        )
+    return tuple(routes)
+
+
+def _models(where: _Table, value) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise where.error("models", 'must be a list of model names or globs, such as ["claude-haiku-*"]')
+    return tuple(value)
+
+
+def _condition(where: _Table, key: str, value) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise where.error(key, "must be true or false")
+    return value
+
+
+def _targets(where: _Table, value, defined: tuple[str, ...]) -> tuple[Target, ...]:
+    if value is None:
+        raise where.error("targets", "missing: a route needs at least one target")
+    if not isinstance(value, list) or not value:
+        raise where.error("targets", 'must be a list of tables such as [{ upstream = "NAME" }]')
+    targets = []
+    for position, target in enumerate(value, 1):
+        label = "targets #%d" % (position,)
+        if not isinstance(target, dict):
+            raise where.error(label, 'must be a table such as { upstream = "NAME" }')
+        for key in target:
+            if key not in _TARGET_KEYS:
+                raise where.error(
+                    "%s %s" % (label, _shown_name(key)), "unknown key (known: %s)" % (", ".join(_TARGET_KEYS),)
+                )
+        upstream = target.get("upstream")
+        if not isinstance(upstream, str):
+            raise where.error(label + " upstream", "missing: the name of an upstream")
+        if upstream not in defined:
+            raise where.error(
+                label + " upstream",
+                "no upstream is named %s (defined: %s)" % (_shown_name(upstream), ", ".join(defined)),
+            )
+        model = target.get("model")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise where.error(label + " model", "must be a model name")
+        targets.append(Target(upstream, model))
+    return tuple(targets)
+
+
+class ReloadResult:
+    """
+    What reading the file again gave.
+
+    :ivar config: the configuration to run with from now on (the running one
+        when the file was refused).
+    :ivar error: one line saying why the file was refused, or ``None``.
+    :ivar needs_restart: the settings whose new values were not applied,
+        since they take effect only when the relay starts (``listen``...).
+    """
+
+    def __init__(self, config: RelayConfig, error: str | None = None, needs_restart: tuple[str, ...] = ()):
+        self.config = config
+        self.error = error
+        self.needs_restart = needs_restart
+
+    def __repr__(self) -> str:
+        return "ReloadResult(error=%r, needs_restart=%r)" % (self.error, self.needs_restart)
+
+
+# The settings a worker process runs with in place of its command line's.
+_WORKER_OWN = ("listen", "workers", "simulate")
+
+
+def reload_config(current: RelayConfig, *, worker: bool = False) -> ReloadResult:
+    """
+    Read the file of a running configuration again, with its command line
+    (which still wins over the file).
+
+    A valid file gives a configuration whose :data:`RELOADED_SETTINGS` are
+    new and whose other settings are the running ones; an invalid one gives
+    the running configuration and one line saying why.
+
+    :param worker: the configuration is a worker process's (``--workers``),
+        whose listening addresses differ from its command line's by design.
+    """
+    from twisted.python.usage import UsageError
+
+    from twisted_relay.tap import Options
+
+    if current.config_file is None or current.command_line is None:
+        return ReloadResult(current, "the relay was not started with --config: there is no file to read again")
+    options = Options()
+    try:
+        options.parseOptions(list(current.command_line))
+    except UsageError as e:
+        return ReloadResult(current, str(e).splitlines()[0] if str(e) else "the configuration was refused")
+    fresh: RelayConfig = options.config
+    changes = {name: getattr(fresh, name) for name in RELOADED_SETTINGS}
+    if fresh.simulate is not None:
+        # The embedded simulated upstream (whose address a worker has in
+        # place of the command line's) stays the one upstream.
+        for name in ("upstream", "upstream_key", "upstream_ids", "upstreams"):
+            del changes[name]
+    needs_restart = tuple(
+        f.name
+        for f in fields(RelayConfig)
+        if f.init
+        and f.compare
+        and f.name not in RELOADED_SETTINGS
+        and not (worker and f.name in _WORKER_OWN)
+        and getattr(fresh, f.name) != getattr(current, f.name)
+    )
+    return ReloadResult(current.with_changes(**changes), None, needs_restart)

@@ -1,0 +1,157 @@
+# -*- test-case-name: tests.test_thread_turns -*-
+"""
+Threads held by the relay, one request at a time: the small piece the
+request path calls (``docs/threads.md``, "Wiring it into the relay").
+
+:meth:`ThreadKeeper.open` turns a request that carries a ``thread`` field
+into the plain request to translate and send (a ``create`` without its
+field, a ``continue`` rebuilt from the kept conversation), or fails with the
+:class:`~twisted_relay.threads.ThreadError` to answer. The
+:class:`ThreadTurn` it gives is settled once the answer is known: kept under
+the answer's id when the client received it whole, and otherwise left where
+it was, so a failed answer never advances a thread.
+
+The simulated upstream's ``--threads knows`` runs on this same piece.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+from twisted.internet import defer
+
+from twisted_relay.thread_store import IThreadStore
+from twisted_relay.threads import (
+    CONTINUE,
+    AnswerRecorder,
+    Conversation,
+    ThreadError,
+    plain_request,
+    rebuild_request,
+    thread_not_found,
+    thread_of,
+)
+
+__all__ = ["ThreadKeeper", "ThreadTurn", "owner_of"]
+
+
+def owner_of(credential: str | None) -> str:
+    """
+    The owner of the threads a client creates: a digest of its credential
+    (its relay key, or the ``x-api-key`` / ``Authorization`` it sends), so that
+    only the client that created a thread can continue it. ``""`` without one.
+    The credential itself is never kept.
+    """
+    if not credential:
+        return ""
+    return hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class ThreadTurn:
+    """
+    One thread request on its way: the plain request to send, and how to
+    settle the thread once the answer is known (exactly once).
+
+    :ivar request: the plain, thread-less request, to translate and send.
+    :ivar previous_message_id: the answer a ``continue`` resumes from
+        (``None`` for a ``create``).
+    """
+
+    def __init__(self, keeper: ThreadKeeper, owner: str, request: dict, previous_message_id: str | None):
+        self._keeper = keeper
+        self._owner = owner
+        self.request = request
+        self.previous_message_id = previous_message_id
+        self._recorder: AnswerRecorder | None = None
+        self._settled = False
+
+    def answered(self, message: dict | None) -> defer.Deferred:
+        """The client received ``message`` whole: keep the thread under its id.
+        ``None`` (or a message without an id) is a failed answer."""
+        if self._settled:
+            return defer.succeed(None)
+        if not isinstance(message, dict) or not isinstance(message.get("id"), str) or not message["id"]:
+            return self.failed()
+        self._settled = True
+        keeper = self._keeper
+        previous = self.previous_message_id
+        return keeper.store.commit(
+            keeper.key(self._owner, message["id"]),
+            Conversation.after(self.request, message).encode(),
+            None if previous is None else keeper.key(self._owner, previous),
+        )
+
+    def failed(self) -> defer.Deferred:
+        """The answer did not reach the client whole: the thread stays where it was."""
+        if self._settled:
+            return defer.succeed(None)
+        self._settled = True
+        if self.previous_message_id is None:
+            return defer.succeed(None)
+        return self._keeper.store.abort(self._keeper.key(self._owner, self.previous_message_id))
+
+    def recording(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        """A ``write`` for the stream's gate: writes to the client and records
+        the answer, for :meth:`stream_ended`."""
+        self._recorder = AnswerRecorder(self._keeper.max_answer_bytes)
+        return self._recorder.tee(write)
+
+    def stream_ended(self, whole: bool) -> defer.Deferred:
+        """The recorded stream is over: ``whole`` when the gate judged it
+        complete (``done`` fired ``None``)."""
+        message = self._recorder.message() if whole and self._recorder is not None else None
+        self._recorder = None
+        return self.answered(message)
+
+
+class ThreadKeeper:
+    """
+    Threads held by the relay, in ``store``.
+
+    :param store: where threads are kept.
+    :param max_answer_bytes: the largest streamed answer recorded (a larger
+        one is not kept: its continue will be ``thread_not_found``).
+    """
+
+    def __init__(self, store: IThreadStore, max_answer_bytes: int = 32 * 1024 * 1024):
+        self.store = store
+        self.max_answer_bytes = max_answer_bytes
+
+    @staticmethod
+    def key(owner: str, answer_id: str) -> str:
+        """The store key of an answer of ``owner``'s."""
+        return f"{owner}:{answer_id}" if owner else answer_id
+
+    def open(self, body: dict, owner: str = "") -> defer.Deferred:
+        """
+        Read ``body``'s ``thread`` field.
+
+        :param owner: from :func:`owner_of`.
+        :return: a Deferred firing ``None`` for a request without a thread,
+            or the :class:`ThreadTurn`; failing with the
+            :class:`~twisted_relay.threads.ThreadError` to answer.
+        """
+        try:
+            thread = thread_of(body)
+        except ThreadError:
+            return defer.fail()
+        if thread is None:
+            return defer.succeed(None)
+        if thread.kind != CONTINUE:
+            return defer.succeed(ThreadTurn(self, owner, plain_request(body), None))
+        previous = thread.previous_message_id
+        key = self.key(owner, previous)
+
+        def found(data: bytes) -> ThreadTurn:
+            try:
+                request = rebuild_request(body, Conversation.decode(data))
+            except ThreadError:
+                self.store.abort(key)
+                raise
+            except ValueError:
+                self.store.abort(key)
+                raise thread_not_found()
+            return ThreadTurn(self, owner, request, previous)
+
+        return self.store.begin(key).addCallback(found)
