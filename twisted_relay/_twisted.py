@@ -430,9 +430,10 @@ class _Collect:
 
 def _exchange(pool_decoders, request, answer: bytes, responses=None):
     """
-    Drive one request and answer through a connection of the relay's pool;
-    return (bytes sent, body parts read, the body's end, whether the pool
-    took the connection back through ``_putConnection``).
+    Drive one request and answer through a connection of the relay's pool
+    (on an in-memory transport); return the bytes sent, the body's parts as
+    read, the body's end, the connection, and the connections the pool took
+    back through ``_putConnection``. ``responses`` receives the response.
     """
     from twisted.internet.task import Clock
     from twisted.internet.testing import StringTransport
@@ -466,8 +467,7 @@ def _exchange(pool_decoders, request, answer: bytes, responses=None):
     if not hasattr(response, "deliverBody"):
         raise AssertionError("no response: %r" % (response,))
     response.deliverBody(collect)
-    closed = _client.HTTPConnectionPool.closeCachedConnections(pool)
-    del closed
+    pool.closeCachedConnections()
     return transport.value(), collect.data, collect.reason, made[0], taken_back
 
 
