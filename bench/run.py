@@ -39,7 +39,6 @@ import gc
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,6 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 import targets as _targets  # noqa: E402
-from loadgen import request_body  # noqa: E402
 
 __all__ = ["Settings", "main", "run_all"]
 
