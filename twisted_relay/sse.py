@@ -64,6 +64,8 @@ _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
 # line, which (with no "\r" in the stream) is the name and a "\n". Data lines
 # hold JSON, where a "\n" never follows these words: text deltas full of
 # code that mentions "error" or "_start" still take the fast path.
+# The one that recurs in a read (a content_block_start per block) comes first:
+# see EventFramer.next_marked.
 _GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n")
 
 
@@ -226,10 +228,12 @@ class EventFramer:
         marker) while no ``\\r`` has come, so that every ``\\n\\n`` ends
         an event, and while all the complete events held are together within
         the size limit of one; otherwise this is :meth:`next_end`. A marker
-        should end in ``\\n``, so that it cannot straddle two events. Each
-        search stops at the nearest place found so far and the next call
-        starts after it, so a buffer holding several marked events is read
-        about once per marker.
+        should end in ``\\n``, so that it cannot straddle two events. The
+        markers are searched in order, each search stopping at the nearest
+        place found so far, and the next call starts after it; a marker
+        absent from the rest of the buffer is searched to its end on every
+        call that reaches it, so the marker that recurs in a buffer should
+        come first.
 
         :raises EventTooLarge: as :meth:`next_end`.
         """
