@@ -616,6 +616,7 @@ class SSEGate(Protocol):
         """Write every complete buffered event: one write, one slice when clean."""
         framer = self._framer
         buf = framer.buffer
+        n = len(buf)
         out_start = stop = framer.position
         pieces = None
         too_large = None
@@ -643,6 +644,9 @@ class SSEGate(Protocol):
                     out_start = end
             elif name == _MESSAGE_STOP:
                 self.message_stop_seen = True
+            if end == n:
+                # The read ended with this event (the common case): nothing more to ask.
+                break
         if pieces is None:
             out = _copy(buf, out_start, stop)
         else:
