@@ -76,8 +76,8 @@ def bench_requests() -> None:
                 body = history(turns, colliding)
                 t = translate_request(body, policy)
                 gc.collect()
-                elapsed, _ = best_of(lambda: translate_request(body, policy))
-                with_table, _ = best_of(lambda: translate_request(body, policy).table, budget=0.5)
+                elapsed, _ = best_of(lambda body=body, policy=policy: translate_request(body, policy))
+                with_table, _ = best_of(lambda body=body, policy=policy: translate_request(body, policy).table, budget=0.5)
                 print("%-9s %-10s %7d %10.2f %12.2f %12.2f %8s" % (
                     policy, "colliding" if colliding else "clean", turns,
                     elapsed * 1e3, elapsed * 1e6 / turns, with_table * 1e3, t.changed))

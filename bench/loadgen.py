@@ -30,6 +30,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 
 __all__ = [
     "HTTPResponseReader",
@@ -44,6 +45,8 @@ __all__ = [
 _MARKER = b"~T"
 _STAMP_DIGITS = 16
 _STOP = b"message_stop"
+# What a counting client keeps of a body's end: its last event, message_stop.
+_TAIL_BYTES = 128
 
 
 def _now_us() -> int:
@@ -83,10 +86,12 @@ class HTTPResponseReader:
     :param on_body: called with each piece of decoded body bytes.
     :param on_head: called with ``(status, lowercased head bytes)``.
     :param on_done: called once the response is complete.
+    :param pieces: call ``on_body`` with a list of the pieces of body bytes
+        a read holds, never joined (for a client that only counts them).
     """
 
-    def __init__(self, on_body, on_head, on_done):
-        self._on_body = on_body
+    def __init__(self, on_body, on_head, on_done, pieces: bool = False):
+        self._on_body = on_body if pieces else _joined(on_body)
         self._on_head = on_head
         self._on_done = on_done
         self.reset()
@@ -107,7 +112,7 @@ class HTTPResponseReader:
         if self._state == "length":
             return self._feed_length(data)
         if self._state == "close":
-            self._on_body(data)
+            self._on_body([data])
             return b""
         if self._state == "head":
             self._buf += data
@@ -122,7 +127,7 @@ class HTTPResponseReader:
                 return self._feed_length(data)
             if self._state == "close":
                 if data:
-                    self._on_body(data)
+                    self._on_body([data])
                 return b""
         return self._feed_chunked(data)
 
@@ -158,7 +163,7 @@ class HTTPResponseReader:
     def _feed_length(self, data: bytes) -> bytes:
         take = min(self._left, len(data))
         if take:
-            self._on_body(data[:take] if take < len(data) else data)
+            self._on_body([data[:take] if take < len(data) else data])
             self._left -= take
         if self._left == 0:
             self._finish()
@@ -172,9 +177,19 @@ class HTTPResponseReader:
         pieces = []
         append = pieces.append
         state = self._state
+        bulk = n >= _BULK_MIN
         try:
             while pos < n:
                 if state == "size":
+                    if bulk:
+                        # A large read of many small chunks (an upstream that
+                        # flushes every event) costs C-level work only, not a
+                        # step per chunk; tried once per read.
+                        bulk = False
+                        taken = _whole_chunks(buf[pos:] if pos else buf, pieces)
+                        if taken:
+                            pos += taken
+                            continue
                     # The common case, a whole chunk in the buffer, costs one
                     # find, one int and one slice.
                     eol = buf.find(b"\r\n", pos)
@@ -218,20 +233,62 @@ class HTTPResponseReader:
                         continue
                     self._buf = b""
                     if pieces:
-                        self._on_body(b"".join(pieces))
+                        self._on_body(pieces)
                     self._finish()
                     return bytes(buf[eol + 2 :])
         finally:
             if self._state != "done":
                 self._state = state
         if pieces:
-            self._on_body(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            self._on_body(pieces)
         self._buf = buf[pos:] if pos < n else b""
         return b""
 
     def _finish(self) -> None:
         self._state = "done"
         self._on_done()
+
+
+def _joined(on_body):
+    """``on_body`` called with the pieces joined."""
+
+    def call(pieces: list) -> None:
+        on_body(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+
+    return call
+
+
+#: Reads from which whole chunks are first taken in bulk.
+_BULK_MIN = 4096
+
+
+def _whole_chunks(buf: bytes, pieces: list) -> int:
+    """
+    The whole chunks at the start of ``buf`` (a size line), in bulk: append
+    their data to ``pieces`` and return the bytes they take, or 0 when they
+    cannot be taken so. Splitting at every CRLF gives size, data, size,
+    data ...; where every size (hex) equals the length of the part after it,
+    those are the chunks, up to the last chunk (size 0). Anything else (data
+    holding a CRLF, extensions, an odd size line) leaves the read to the loop.
+    """
+    parts = buf.split(b"\r\n")
+    pairs = (len(parts) - 1) // 2
+    if pairs < 2:
+        return 0
+    sizes = parts[0 : 2 * pairs : 2]
+    bodies = parts[1 : 2 * pairs : 2]
+    try:
+        numbers = list(map(int, sizes, repeat(16)))
+    except ValueError:
+        return 0
+    lengths = list(map(len, bodies))
+    if numbers != lengths:
+        return 0
+    if 0 in lengths:
+        pairs = lengths.index(0)
+        del sizes[pairs:], bodies[pairs:], lengths[pairs:]
+    pieces.extend(bodies)
+    return sum(map(len, sizes)) + sum(lengths) + 4 * pairs
 
 
 class _Connection(asyncio.Protocol):
@@ -246,7 +303,11 @@ class _Connection(asyncio.Protocol):
         self._sent_us = 0
         self._pending = bytearray()
         self._latencies = load.latencies if load.collect_latency else None
-        self._reader = HTTPResponseReader(self._on_body, self._on_head, self._on_done)
+        if load.count_only:
+            self._reader = HTTPResponseReader(self._count_body, self._on_head, self._on_done, pieces=True)
+        else:
+            self._reader = HTTPResponseReader(self._on_body, self._on_head, self._on_done)
+        self._tail = b""
         self.on_first_event = None
 
     # -- asyncio.Protocol -----------------------------------------------------
@@ -280,6 +341,7 @@ class _Connection(asyncio.Protocol):
         self._future = asyncio.get_running_loop().create_future()
         self._record = RequestRecord()
         self._pending = bytearray()
+        self._tail = b""
         self._reader.reset()
         self._sent_us = _now_us()
         self.transport.write(request)
@@ -326,8 +388,19 @@ class _Connection(asyncio.Protocol):
         if first and self.on_first_event is not None:
             self.on_first_event()
 
+    def _count_body(self, pieces: list) -> None:
+        """Count the body bytes without reading them; keep the end to find ``message_stop``."""
+        record = self._record
+        record.body_bytes += sum(map(len, pieces))
+        last = pieces[-1]
+        self._tail = last[-_TAIL_BYTES:] if len(last) >= _TAIL_BYTES else (self._tail + last)[-_TAIL_BYTES:]
+        if record.ttfd_us is None:
+            record.ttfd_us = self._now - self._sent_us
+
     def _on_done(self) -> None:
         record = self._record
+        if self._tail:
+            record.stream_complete = _STOP in self._tail
         record.total_us = self._now - self._sent_us
         if record.status != 200:
             record.error = "http_%d" % (record.status,)
@@ -359,8 +432,9 @@ class LoadResult:
 
 
 class _Load:
-    def __init__(self, collect_latency: bool):
+    def __init__(self, collect_latency: bool, count_only: bool = False):
         self.collect_latency = collect_latency
+        self.count_only = count_only
         self.latencies: list[int] = []
 
 
@@ -400,15 +474,21 @@ async def run_load(
     headers: list[str] | None = None,
     hold: bool = False,
     hold_timeout: float = 300.0,
+    count_only: bool = False,
 ) -> LoadResult:
     """
     Run the load; return the records. Bounded: ``requests`` in all, or
     ``duration`` seconds, and ``timeout`` seconds per request.
+
+    ``count_only``: count body bytes without reading events (a stream is
+    complete when it ends with ``message_stop``; :func:`summarise` checks
+    the byte count), so that the load generator is not the bottleneck of a
+    throughput test.
     """
     if requests is None and duration is None:
         requests = concurrency
     loop = asyncio.get_running_loop()
-    load = _Load(latency)
+    load = _Load(latency, count_only)
     result = LoadResult(latencies=load.latencies)
     request = _request_bytes(host, port, path, body, headers or [])
     issued = [0]
@@ -457,7 +537,7 @@ async def run_load(
             except asyncio.TimeoutError:
                 conn.abort("timeout")
                 record = await future
-            if record.error is None and record.events and not record.stream_complete:
+            if record.error is None and (record.events or count_only) and not record.stream_complete:
                 record.error = "incomplete_stream"
             result.records.append(record)
             if not conn._reader.keep_alive:
@@ -502,7 +582,9 @@ def _stats_ms(values: list) -> dict:
     }
 
 
-def summarise(result: LoadResult, expected_deltas: int | None = None) -> dict:
+def summarise(
+    result: LoadResult, expected_deltas: int | None = None, expected_bytes: int | None = None
+) -> dict:
     """
     The figures of a run: request and error counts (by kind), wall and CPU
     seconds, body bytes, MB/s, requests/s, and medians/p99s (ms) of time to
@@ -513,6 +595,8 @@ def summarise(result: LoadResult, expected_deltas: int | None = None) -> dict:
     for record in result.records:
         if record.error is None and expected_deltas is not None and record.deltas != expected_deltas:
             record.error = "wrong_delta_count"
+        if record.error is None and expected_bytes is not None and record.body_bytes != expected_bytes:
+            record.error = "wrong_body_bytes"
         if record.error is None:
             ok += 1
         else:
@@ -535,6 +619,18 @@ def summarise(result: LoadResult, expected_deltas: int | None = None) -> dict:
         "total_ms": _stats_ms([r.total_us for r in result.records if r.error is None]),
         "event_latency_ms": _stats_ms(result.latencies),
     }
+
+
+def _expected_bytes(model: str) -> int | None:
+    """The body length of an unpaced stream (``bench:burst:N``), else ``None``."""
+    parts = model.split(":")
+    if len(parts) < 3 or parts[1] != "burst":
+        return None
+    try:
+        from fake_upstream import stream_events
+    except ImportError:
+        from bench.fake_upstream import stream_events
+    return sum(map(len, stream_events(int(parts[2]))))
 
 
 def _expected_deltas(model: str) -> int | None:
@@ -561,6 +657,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--header", action="append", default=[])
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--hold-timeout", type=float, default=300.0)
+    parser.add_argument("--count-only", action="store_true",
+                        help="count body bytes without reading events (throughput: see run_load)")
     args = parser.parse_args(argv)
     stream = args.model.split(":")[1:2] in (["paced"], ["burst"], ["idle"])
     if args.body_file:
@@ -583,9 +681,15 @@ def main(argv: list[str] | None = None) -> None:
             headers=args.header,
             hold=args.hold,
             hold_timeout=args.hold_timeout,
+            count_only=args.count_only,
         )
     )
-    summary = summarise(result, None if args.hold else _expected_deltas(args.model))
+    if args.hold:
+        summary = summarise(result)
+    elif args.count_only:
+        summary = summarise(result, expected_bytes=_expected_bytes(args.model))
+    else:
+        summary = summarise(result, _expected_deltas(args.model))
     print(json.dumps(summary), flush=True)
 
 

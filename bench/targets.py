@@ -5,10 +5,12 @@ front of it, with what the run measures of each (CPU seconds, resident and
 peak memory, from ``/proc``).
 
 Targets: ``direct`` (the fake upstream itself), ``nginx`` (Debian's package,
-buffering off), ``plain`` (``twisted.web.proxy``), ``relay`` (``twistd -n
-relay``, optionally from a patched copy of the package) and ``litellm``
-(LiteLLM's proxy as an Anthropic pass-through, from its own virtual
-environment). Every one binds 127.0.0.1 and is stopped by its pid.
+buffering off), ``plain`` (``twisted.web.proxy``), ``aiohttp`` (a plain
+asyncio proxy, aiohttp on uvloop, from its own virtual environment),
+``relay`` (``twistd -n relay``, optionally from a patched copy of the
+package) and ``litellm`` (LiteLLM's proxy as an Anthropic pass-through, from
+its own virtual environment). Every one binds 127.0.0.1 and is stopped by
+its pid.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 
 __all__ = [
     "BENCH_DIR",
+    "AiohttpProxy",
     "Direct",
     "FakeUpstreamProcess",
     "LiteLLM",
@@ -341,6 +344,33 @@ class PlainProxy(Target):
                 sys.executable,
                 os.path.join(BENCH_DIR, "plain_proxy.py"),
                 "--listen", "tcp:%d:interface=127.0.0.1:backlog=4096" % (self.port,),
+                "--upstream-port", str(self.upstream.port),
+            ]
+        )
+
+
+class AiohttpProxy(Target):
+    """
+    ``bench/aiohttp_proxy.py``: aiohttp on uvloop, no parsing, a keep-alive
+    pool to the upstream; the other Python floor.
+
+    :param python: the interpreter of its own virtual environment, where
+        aiohttp and uvloop are installed.
+    """
+
+    name = "aiohttp"
+    description = "aiohttp on uvloop, plain pass-through (bench/aiohttp_proxy.py)"
+
+    def __init__(self, workdir, upstream, cpus=None, *, python: str):
+        super().__init__(workdir, upstream, cpus)
+        self.python = python
+
+    def _launch(self) -> None:
+        self._spawn(
+            [
+                self.python,
+                os.path.join(BENCH_DIR, "aiohttp_proxy.py"),
+                "--port", str(self.port),
                 "--upstream-port", str(self.upstream.port),
             ]
         )

@@ -8,6 +8,8 @@ of CI: the benchmark is not a test).
 
 from __future__ import annotations
 
+from functools import partial
+
 from twisted.trial.unittest import SynchronousTestCase
 
 from bench.fake_upstream import DELTA_TEXT_BYTES, STAMP_MARKER, _model_of, delta_event, stream_events
@@ -90,3 +92,94 @@ class FakeUpstreamTests(SynchronousTestCase):
         values = list(range(101))
         self.assertEqual((percentile(values, 0.5), percentile(values, 0.99)), (50, 99))
         self.assertIsNone(percentile([], 0.5))
+
+    def test_expected_burst_bytes(self):
+        """The body length a counting reader checks is the fake upstream's unpaced body."""
+        from bench.loadgen import _expected_bytes
+
+        self.assertEqual(_expected_bytes("bench:burst:7"), len(b"".join(stream_events(7))))
+        self.assertIsNone(_expected_bytes("bench:paced:7:20"))
+
+
+class BulkChunkTests(SynchronousTestCase):
+    """The load generator's bulk reading of many whole chunks in one read."""
+
+    def test_large_reads_any_split(self):
+        """
+        Reads of many chunks (taken in bulk) decode to the body, with the
+        response's end found, however the bytes are split; pieces unjoined
+        when asked for.
+        """
+        events = stream_events(300)
+        wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(events) + b"NEXT"
+        for size in (4096, 5000, 65536, len(wire)):
+            for pieces in (False, True):
+                body = []
+                done = []
+                reader = HTTPResponseReader(body.append, lambda s, h: None, partial(done.append, 1), pieces=pieces)
+                extra = b""
+                for i in range(0, len(wire), size):
+                    extra += reader.feed(wire[i : i + size])
+                got = b"".join(b"".join(p) for p in body) if pieces else b"".join(body)
+                self.assertEqual((got, done, extra), (b"".join(events), [1], b"NEXT"), (size, pieces))
+
+    def test_bulk_leaves_what_it_cannot_vouch_for(self):
+        """A CRLF in a chunk's data or a chunk extension sends the read to the loop, same body."""
+        from bench.loadgen import _whole_chunks
+
+        plain = _chunked([b"a" * 10] * 3)
+        pieces: list = []
+        self.assertEqual(_whole_chunks(plain, pieces), len(plain) - 5)
+        self.assertEqual(pieces, [b"a" * 10] * 3)
+        for odd in (_chunked([b"a\r\nb"] * 3), b"a;x=1\r\n" + b"a" * 10 + b"\r\n" + _chunked([b"b" * 10] * 2)):
+            self.assertEqual(_whole_chunks(odd, []), 0)
+            body = []
+            reader = HTTPResponseReader(body.append, lambda s, h: None, lambda: None)
+            reader.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + odd + b"x" * 5000)
+            self.assertIn(b"".join(body), (b"a\r\nb" * 3, b"a" * 10 + b"b" * 20))
+
+
+class HeadlineTests(SynchronousTestCase):
+    """The figures the run prints first and the goals it judges."""
+
+    def results(self, relay_added: float, before_added: float) -> dict:
+        def paced(p50: float, cpu: float) -> dict:
+            return {"event_latency_ms": {"p50": p50, "p99": p50 * 2}, "target_cpu_s": cpu, "events": 100_000,
+                    "errors": 0, "requests": 400}
+
+        return {
+            "S1": {
+                "paced": {200: {"direct": paced(0.2, 0), "nginx": paced(0.3, 1.0), "relay": paced(0.2 + relay_added, 2.5),
+                                "before": paced(0.2 + before_added, 2.5)}},
+                "search": {},
+            },
+            "S2": {"direct": {"mb_per_s": 400.0}, "nginx": {"mb_per_s": 300.0, "target_cpu_s_per_mb": 0.0011},
+                   "relay": {"mb_per_s": 100.0, "target_cpu_s_per_mb": 0.006}},
+            "S3": {"plain": {"requests_per_s": 3000.0}, "relay": {"requests_per_s": 3300.0}},
+        }
+
+    def test_headline_figures(self):
+        """CPU per paced event in us, CPU-seconds per MB, added latency against direct."""
+        from bench.run import headline
+
+        rows = {row[0]: row[1:] for row in headline(self.results(0.3, 0.3), ["direct", "nginx", "relay"])}
+        self.assertEqual(rows["headline"], ["nginx", "relay"])
+        self.assertEqual(rows["CPU per paced event, us (S1 200)"], ["10.0", "25.0"])
+        self.assertEqual(rows["CPU-seconds per MB (S2)"], ["0.0011", "0.0060"])
+        self.assertEqual(rows["latency added per event, median / p99 ms (S1 200)"], ["+0.10 / +0.20", "+0.30 / +0.60"])
+
+    def test_goals(self):
+        """Latency is judged against the relay before the change, within noise; the reader check; S3 vs plain."""
+        from bench.run import verdicts
+
+        def met(results):
+            return {row[0]: row[3] for row in verdicts(results)[1:]}
+
+        same = met(self.results(0.30, 0.30))
+        self.assertEqual(same["S1 200: added median per event, vs before"], "met")
+        self.assertEqual(same["S2: the reader is not the bottleneck (direct MB/s > nginx MB/s)"], "met")
+        self.assertEqual(same["S3: req/s vs plain twisted.web.proxy"], "met")
+        self.assertEqual(met(self.results(0.40, 0.30))["S1 200: added median per event, vs before"], "NOT met")
+        alone = self.results(0.30, 0.30)
+        del alone["S1"]["paced"][200]["before"]
+        self.assertEqual(met(alone)["S1 200: added median per event, vs before"], "-")

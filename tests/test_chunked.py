@@ -160,6 +160,23 @@ class NamedCases(SynchronousTestCase):
         self.assertEqual(ours[1:], theirs[1:])
         self.assertEqual(b"".join(ours[0]), b"".join(theirs[0]))
 
+    def test_bulk_takes_the_agreeing_chunks(self):
+        """
+        The bulk reading takes the whole chunks before the first it cannot
+        vouch for (a new size, data holding a CRLF, the last chunk), and
+        leaves that one and the rest to the strict loop.
+        """
+        import twisted_relay.chunked as chunked
+        from twisted_relay.chunked import _whole_chunks
+
+        self.patch(chunked, "_SIZES", {b"5": 5, b"0": 0})
+        known = _encode([b"abcde", b"fghij"])[:-5]  # two chunks, no last chunk
+        for stop, label in ((b"7\r\nabcdefg\r\n", "new size"), (b"5\r\na\r\nbc\r\n", "CRLF in data"),
+                            (b"0\r\n\r\n", "last chunk"), (b"5\r\nab", "incomplete")):
+            taken, body = _whole_chunks(b"xx" + known + stop + known, 2)
+            self.assertEqual((taken, body), (len(known), b"abcdefghij"), label)
+        self.assertEqual(_whole_chunks(b"7\r\nabcdefg\r\n" + known, 0), (0, b""))
+
     def test_size_cache_starts_over_when_full(self):
         """When the cache of sizes is full it starts over: new sizes are still cached."""
         import twisted_relay.chunked as chunked
@@ -208,6 +225,32 @@ class AgreesWithTwisted(SynchronousTestCase):
         # The bytes after the body that came in the read that finished it.
         self.assertTrue(tail.startswith(ours[1]))
         # Never more callbacks than reads.
+        self.assertLessEqual(len(ours[0]), len(reads))
+
+    @settings(max_examples=200, **_SETTINGS)
+    @given(
+        sizes=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=4),
+        picks=st.lists(st.integers(min_value=0, max_value=3), min_size=60, max_size=200),
+        crlf_at=st.lists(st.integers(min_value=0, max_value=199), max_size=3),
+        cuts=_cuts,
+    )
+    def test_bulk_reads(self, sizes, picks, crlf_at, cuts):
+        """
+        Reads of 2 KiB and more of chunks whose sizes the decoder has seen
+        (the bulk reading's case), some holding a CRLF in their data: the
+        same result as Twisted's decoder.
+        """
+        pieces = [b"e" * sizes[p % len(sizes)] for p in picks]
+        for i in crlf_at:
+            if i < len(pieces) and len(pieces[i]) >= 2:
+                pieces[i] = b"\r\n" + pieces[i][2:]
+        wire = _encode(pieces) + b"NEXT"
+        _run(CoalescingChunkedDecoder, [_encode(pieces[:8])])  # the sizes are seen
+        reads = _split(wire, [c * 4 for c in cuts])
+        ours = _run(CoalescingChunkedDecoder, reads)
+        theirs = _run(TwistedChunkedDecoder, reads)
+        self.assertEqual(b"".join(ours[0]), b"".join(pieces))
+        self.assertEqual(ours[1:], theirs[1:])
         self.assertLessEqual(len(ours[0]), len(reads))
 
     @settings(max_examples=600, **_SETTINGS)

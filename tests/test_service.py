@@ -11,7 +11,6 @@ import sys
 
 import treq
 import ujson
-from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IServiceMaker, MultiService
 from twisted.internet import reactor
 from twisted.plugin import getPlugins

@@ -554,6 +554,118 @@ class EventFramerTests(SynchronousTestCase):
         self.assertEqual((events, framer.pending), _reference_frame(data))
 
 
+class FramerSkipTests(SynchronousTestCase):
+    """
+    ``EventFramer.next_marked``, the gate's way through a read: the events
+    it skips hold none of the markers, the events it returns are exactly the
+    framer's events, and together they are the input, over every split.
+    """
+
+    def _walk(self, chunks, markers, max_event_bytes=None):
+        """
+        Feed ``chunks`` as the gate does (append, take with next_marked,
+        compact); return the pieces taken in order, as ("event", bytes) and
+        ("skipped", bytes), and what is left pending.
+        """
+        framer = EventFramer() if max_event_bytes is None else EventFramer(max_event_bytes)
+        pieces = []
+
+        def take():
+            buf = framer.buffer
+            while True:
+                before = framer.position
+                start, end = framer.next_marked(markers)
+                if start != before:
+                    pieces.append(("skipped", bytes(buf[before:start])))
+                if end < 0:
+                    self.assertEqual(start, framer.position)
+                    break
+                self.assertEqual(end, framer.position)
+                pieces.append(("event", bytes(buf[start:end])))
+            framer.compact()
+            self.assertEqual(framer.position, 0)
+
+        for chunk in chunks:
+            framer.append(chunk)
+            take()
+        framer.end()
+        take()
+        return pieces, framer.pending
+
+    def _check(self, data, chunks, markers, where):
+        expected, tail = _reference_frame(data)
+        pieces, pending = self._walk(chunks, markers)
+        self.assertEqual(pending, tail, where)
+        self.assertEqual(b"".join(piece for _, piece in pieces) + pending, data, where)
+        # Cut the skipped runs at the oracle's event ends: each must be whole
+        # events, none holding a marker; every event returned is the oracle's.
+        framed = []
+        for kind, piece in pieces:
+            if kind == "event":
+                framed.append(piece)
+                continue
+            while piece:
+                event = expected[len(framed)]
+                self.assertTrue(piece.startswith(event), where)
+                self.assertFalse(any(marker in event for marker in markers), (where, event))
+                framed.append(event)
+                piece = piece[len(event) :]
+        self.assertEqual(framed, expected, where)
+        return pieces
+
+    def test_recorded_streams_every_split(self):
+        """
+        Over every split and line ending of the recorded streams, with the
+        gate's markers and with others, skipping keeps exactly the framing,
+        and every event holding a marker is returned on its own.
+        """
+        gated = (b"_start\n", b"error\n", b"message_stop\n")
+        for name, (stream, _, _) in STREAMS.items():
+            for ending in ENDINGS:
+                data = _with_endings(stream, ending, seed=len(name))
+                for markers in (gated, (b"_delta\n",), (b"never here\n",)):
+                    for label, chunks in _splits(data, randoms=2):
+                        self._check(data, chunks, markers, "%s, %r, %r, %s" % (name, ending, markers, label))
+
+    def test_whole_read_skipped_at_once(self):
+        """
+        A read of unmarked events and one marked event in the middle gives
+        three pieces: the events before it in one, the marked event, and the
+        events after it in one.
+        """
+        delta = b"event: content_block_delta\ndata: {}\n\n"
+        start = b"event: content_block_start\ndata: {}\n\n"
+        data = delta * 20 + start + delta * 30
+        pieces, pending = self._walk([data], (b"_start\n", b"error\n"))
+        self.assertEqual(pieces, [("skipped", delta * 20), ("event", start), ("skipped", delta * 30)])
+        self.assertEqual(pending, b"")
+
+    def test_no_skipping_once_a_carriage_return_came(self):
+        """After a ``\\r``, a ``\\n\\n`` may not end an event: every event is returned."""
+        data = b"data: a\r\n\r\ndata: b\n\ndata: c\n\n"
+        pieces, _ = self._walk([data], (b"nothing\n",))
+        self.assertEqual(
+            pieces, [("event", b"data: a\r\n\r\n"), ("event", b"data: b\n\n"), ("event", b"data: c\n\n")]
+        )
+
+    def test_limit_still_applies(self):
+        """
+        Events are skipped in bulk only while all of them together are
+        within the size limit of one; beyond it each is framed and an
+        oversized one raises, with the events before it taken.
+        """
+        small = b"data: 123456789\n\n"  # 17 bytes
+        pieces, _ = self._walk([small * 3], (b"x\n",), max_event_bytes=40)
+        self.assertEqual(pieces, [("event", small)] * 3)
+        pieces, _ = self._walk([small * 2], (b"x\n",), max_event_bytes=40)
+        self.assertEqual(pieces, [("skipped", small * 2)])
+        framer = EventFramer(max_event_bytes=40)
+        framer.append(small + b"data: " + b"9" * 40 + b"\n\n")
+        self.assertEqual(framer.next_marked((b"x\n",)), (0, len(small)))
+        self.assertRaises(EventTooLarge, framer.next_marked, (b"x\n",))
+        self.assertEqual(framer.position, len(small))
+
+
 # -- parsing -------------------------------------------------------------------
 
 _ODD_EVENTS = [

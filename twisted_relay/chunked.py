@@ -27,7 +27,7 @@ _MAX_TRAILER_BYTES = 2**16
 # events come in few distinct lengths. Shared by every decoder, and bounded.
 _SIZES: dict[bytes, int] = {}
 _MAX_SIZES_KEPT = 4096
-# Bytes from which a read's whole chunks are first tried in bulk (_whole_chunks).
+# Bytes from which a read's whole chunks are first taken in bulk (_whole_chunks).
 _BULK_MIN = 2048
 
 _SIZE, _DATA, _CRLF, _TRAILER, _FINISHED = "CHUNK_LENGTH", "BODY", "CRLF", "TRAILER", "FINISHED"
@@ -79,6 +79,12 @@ class CoalescingChunkedDecoder:
         """
         Append the body data of ``data`` to ``out``; return the bytes after
         the body once it is finished, else ``None``.
+
+        One fast path: where a size line starts, the read's whole chunks are
+        first taken in bulk (:func:`_whole_chunks`), once per read. Whatever
+        it leaves (a size not seen before, data holding a CRLF, the end of
+        the body, an incomplete chunk, damage) goes through the strict loop
+        below, a state at a time.
         """
         view = None
         pos = 0
@@ -86,31 +92,7 @@ class CoalescingChunkedDecoder:
         state = self.state
         bulk = True
         while pos < n:
-            if state is _DATA:
-                end = pos + self._left
-                if end > n:
-                    end = n
-                if pos == 0 and end == n:
-                    out.append(data)
-                else:
-                    if view is None:
-                        view = memoryview(data)
-                    out.append(view[pos:end])
-                self._left -= end - pos
-                pos = end
-                if self._left:
-                    break
-                state = _CRLF
-            elif state is _CRLF:
-                if pos + 1 == n:
-                    # Judged once both bytes are here, as Twisted does.
-                    self._held = data[pos:]
-                    break
-                if data[pos] != 13 or data[pos + 1] != 10:
-                    raise MalformedChunkedData("Chunk did not end with CRLF")
-                pos += 2
-                state = _SIZE
-            elif state is _SIZE:
+            if state is _SIZE:
                 if bulk and n - pos >= _BULK_MIN:
                     bulk = False
                     taken, body = _whole_chunks(data, pos)
@@ -144,30 +126,38 @@ class CoalescingChunkedDecoder:
                     self._left = size
                     state = _DATA
                     continue
-                # The whole chunk is here: take it and its CRLF in one step,
-                # and the whole chunks behind it in this tighter loop (an
-                # upstream that flushes every event sends a chunk per event).
+                # The whole chunk and its CRLF are here: one step. (Its data
+                # is passed on even when the CRLF is wrong, as in Twisted.)
                 if view is None:
                     view = memoryview(data)
-                append = out.append
-                find = data.find
-                sizes = _SIZES
-                while True:
-                    append(view[pos:end])
-                    if data[end] != 13 or data[end + 1] != 10:
-                        raise MalformedChunkedData("Chunk did not end with CRLF")
-                    pos = end + 2
-                    eol = find(b"\r\n", pos, pos + 10)
-                    if eol < 0:
-                        break
-                    size = sizes.get(data[pos:eol])
-                    if not size:
-                        # Unknown, malformed or the last: the general path.
-                        break
-                    end = eol + 2 + size
-                    if end + 2 > n:
-                        break
-                    pos = eol + 2
+                out.append(view[pos:end])
+                if data[end] != 13 or data[end + 1] != 10:
+                    raise MalformedChunkedData("Chunk did not end with CRLF")
+                pos = end + 2
+            elif state is _DATA:
+                end = pos + self._left
+                if end > n:
+                    end = n
+                if pos == 0 and end == n:
+                    out.append(data)
+                else:
+                    if view is None:
+                        view = memoryview(data)
+                    out.append(view[pos:end])
+                self._left -= end - pos
+                pos = end
+                if self._left:
+                    break
+                state = _CRLF
+            elif state is _CRLF:
+                if pos + 1 == n:
+                    # Judged once both bytes are here, as Twisted does.
+                    self._held = data[pos:]
+                    break
+                if data[pos] != 13 or data[pos + 1] != 10:
+                    raise MalformedChunkedData("Chunk did not end with CRLF")
+                pos += 2
+                state = _SIZE
             else:  # _TRAILER
                 eol = data.find(b"\r\n", pos)
                 if eol < 0:
@@ -209,27 +199,35 @@ class CoalescingChunkedDecoder:
 def _whole_chunks(data: bytes, pos: int) -> tuple[int, bytes]:
     """
     The whole chunks from ``pos`` (a size line) in bulk: how many bytes they
-    take and their data, or ``(0, b"")`` when the bulk reading does not
-    apply. Splitting at every CRLF gives size, data, size, data ...; when each
+    take and their data, or ``(0, b"")`` when none can be taken so.
+
+    Splitting at every CRLF gives size, data, size, data ...; as long as each
     size is one the strict parser has already read (``_SIZES``) and each data
     part is exactly that long, the chunk-by-chunk parse would find the very
-    same chunks, and all the checks ran in C. Anything else (data holding a
-    CRLF, a new size, the last chunk, damage) is left to the loop.
+    same chunks, and all the checks ran in C. The chunks up to the first pair
+    that does not agree (data holding a CRLF, a new size, the last chunk,
+    damage, the read's incomplete end) are taken; the rest is left to the
+    strict loop.
     """
     parts = (data[pos:] if pos else data).split(b"\r\n")
     # The last part is never followed by a CRLF: a pair ending there is not whole.
     pairs = (len(parts) - 1) // 2
-    if pairs < 2:
+    if not pairs:
         return 0, b""
     sizes = list(map(_SIZES.get, parts[0 : 2 * pairs : 2]))
     lengths = list(map(len, parts[1 : 2 * pairs : 2]))
-    if sizes != lengths:
-        return 0, b""
-    if 0 in sizes:
-        # The last chunk, and the empty line that ends a body without trailers.
-        pairs = sizes.index(0)
-        if not pairs:
+    if sizes != lengths or 0 in sizes:
+        # Take the pairs before the first that disagrees, or before the
+        # last chunk (size 0: its "data" is the empty line that ends a body
+        # without trailers), which the loop reads with its trailers.
+        agree = 0
+        for size, length in zip(sizes, lengths):
+            if size != length or not size:
+                break
+            agree += 1
+        if not agree:
             return 0, b""
+        pairs = agree
         del lengths[pairs:]
     taken = sum(map(len, parts[0 : 2 * pairs : 2])) + sum(lengths) + 4 * pairs
     return taken, b"".join(parts[1 : 2 * pairs : 2])

@@ -64,6 +64,8 @@ _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
 # line, which (with no "\r" in the stream) is the name and a "\n". Data lines
 # hold JSON, where a "\n" never follows these words: text deltas full of
 # code that mentions "error" or "_start" still take the fast path.
+# The one that recurs in a read (a content_block_start per block) comes first:
+# see EventFramer.next_marked.
 _GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n")
 
 
@@ -103,26 +105,36 @@ class EventFramer:
 
     :param max_event_bytes: the largest event accepted; a larger one raises
         :class:`EventTooLarge`.
+
+    :ivar buffer: the bytes held (read only): the events not yet dropped by
+        :meth:`compact`, then the incomplete tail. It is the received chunk
+        itself while nothing is held over, and a bytearray that grows in
+        place once an event spans chunks.
+    :ivar position: the offset in ``buffer`` of the first event not yet
+        taken (read only).
     """
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):
         self.max_event_bytes = max_event_bytes
-        # The buffer is the received chunk itself while nothing is held over,
-        # and a bytearray that grows in place once an event spans chunks.
-        self._buf: bytes | bytearray = b""
-        self._start = 0  # the first byte of the first event not yet taken
+        self.buffer: bytes | bytearray = b""
+        self.position = 0
         self._line = 0  # the first byte of the current event's open line
         self._seen = 0  # bytes of the buffer already examined
         # Until a "\r" has been seen, events end exactly at "\n\n": the fast
         # path. Anthropic's streams never contain a raw "\r".
         self._cr = False
-        # Set by close(): no byte will come, so a final "\r" is a whole line end.
+        # Set by close() or end(): no byte will come, so a final "\r" is a
+        # whole line end.
         self._final = False
+        # For next_marked, while the buffer stays as it is: the end of its
+        # last complete event, 0 when events are to be taken one by one, -1
+        # when not yet known.
+        self._marked_last = -1
 
     @property
     def pending(self) -> bytes:
         """The bytes received but not yet returned as an event."""
-        return bytes(self._buf[self._start :])
+        return bytes(self.buffer[self.position :])
 
     def feed(self, data: bytes) -> list[bytes]:
         """
@@ -131,20 +143,20 @@ class EventFramer:
         :raises EventTooLarge: when the event being read exceeds the limit;
             its ``events`` holds the complete events before it.
         """
-        self._append(data)
+        self.append(data)
         events = []
-        buf = self._buf
+        buf = self.buffer
         try:
             while True:
-                start = self._start
-                end = self._next_end()
+                start = self.position
+                end = self.next_end()
                 if end < 0:
                     break
                 events.append(_copy(buf, start, end))
         except EventTooLarge as e:
             e.events = events
             raise
-        self._compact()
+        self.compact()
         return events
 
     def close(self) -> list[bytes]:
@@ -154,45 +166,120 @@ class EventFramer:
 
         Whatever remains in :attr:`pending` afterwards is an incomplete event.
         """
-        self._final = True
+        self.end()
         return self.feed(b"")
 
-    # -- the gate drives these directly, to avoid a copy per event ---------
+    # -- without a copy per event: what the gate uses ------------------------
+    #
+    # The gate reads events in place: it appends a read, takes events as
+    # offsets into ``buffer`` (next_end, next_marked), copies what it
+    # writes, and drops what it has taken (compact).
 
-    def _append(self, data: bytes) -> None:
+    @property
+    def line_ends_vary(self) -> bool:
+        """Whether a ``\\r`` has been received: lines may end in more than ``\\n``."""
+        return self._cr
+
+    def append(self, data: bytes) -> None:
+        """Add received bytes without taking events (see :meth:`next_end`)."""
         if not self._cr and b"\r" in data:
             self._cr = True
-        if self._start == len(self._buf):
-            self._buf = data
-            self._start = self._line = self._seen = 0
-        elif isinstance(self._buf, bytearray):
-            self._buf += data
+        self._marked_last = -1
+        if self.position == len(self.buffer):
+            self.buffer = data
+            self.position = self._line = self._seen = 0
+        elif isinstance(self.buffer, bytearray):
+            self.buffer += data
         else:
-            self._buf = bytearray(self._buf)
-            self._buf += data
+            self.buffer = bytearray(self.buffer)
+            self.buffer += data
 
-    def _compact(self) -> None:
-        """Drop the events taken so far, keeping the incomplete tail."""
-        start = self._start
-        if start == len(self._buf):
-            self._buf = b""
-            self._start = self._line = self._seen = 0
-        elif start:
-            if isinstance(self._buf, bytearray):
-                del self._buf[:start]
+    def end(self) -> None:
+        """No byte will come: an event ended by a bare ``\\r`` at the end is complete."""
+        self._final = True
+
+    def compact(self) -> None:
+        """Drop the events taken so far, keeping the incomplete tail; offsets start over."""
+        start = self.position
+        if not start:
+            return
+        self._marked_last = -1
+        if start == len(self.buffer):
+            self.buffer = b""
+            self.position = self._line = self._seen = 0
+        else:
+            if isinstance(self.buffer, bytearray):
+                del self.buffer[:start]
             else:
-                self._buf = bytearray(self._buf[start:])
-            self._start = 0
+                self.buffer = bytearray(self.buffer[start:])
+            self.position = 0
             self._line -= start
             self._seen -= start
 
-    def _next_end(self) -> int:
+    def next_marked(self, markers: tuple[bytes, ...]) -> tuple[int, int]:
         """
-        Take the next complete event: return its end offset in ``_buf`` (it
-        starts at the ``_start`` before the call), or -1 when none is complete.
+        Take the complete events that surely hold none of ``markers`` and the
+        next one after them, in one step: return where that next event starts
+        and ends in ``buffer``, or ``(position, -1)`` when no event is
+        complete. The events skipped lie between ``position`` before the
+        call and the returned start.
+
+        Events are skipped without being framed one by one (a ``find`` per
+        marker) while no ``\\r`` has come, so that every ``\\n\\n`` ends
+        an event, and while all the complete events held are together within
+        the size limit of one; otherwise this is :meth:`next_end`. A marker
+        should end in ``\\n``, so that it cannot straddle two events. The
+        markers are searched in order, each search stopping at the nearest
+        place found so far, and the next call starts after it; a marker
+        absent from the rest of the buffer is searched to its end on every
+        call that reaches it, so the marker that recurs in a buffer should
+        come first.
+
+        :raises EventTooLarge: as :meth:`next_end`.
         """
-        buf = self._buf
-        start = self._start
+        start = self.position
+        last = self._marked_last
+        if last < 0:
+            # The first call since the buffer changed: where the complete
+            # events end, if they may be skipped.
+            last = 0
+            if not self._cr:
+                end = self.buffer.rfind(b"\n\n", start) + 2
+                # Skipped events are not checked one by one: only while all
+                # of them together are within the size limit for one.
+                if end > 1 and end - start <= self.max_event_bytes:
+                    last = end
+            self._marked_last = last
+        if start < last:
+            buf = self.buffer
+            hit = last
+            for marker in markers:
+                at = buf.find(marker, start, hit)
+                if at >= 0:
+                    hit = at
+            if hit == last:
+                skip_to = last
+            else:
+                # The event holding the hit starts after the "\n\n" before it.
+                skip_to = buf.rfind(b"\n\n", start, hit) + 2
+                if skip_to < start + 2:
+                    skip_to = start
+            if skip_to != start:
+                self.position = self._line = self._seen = start = skip_to
+                if start == len(buf):
+                    return start, -1
+        return start, self.next_end()
+
+    def next_end(self) -> int:
+        """
+        Take the next complete event: return its end offset in ``buffer``
+        (it starts at ``position`` before the call), or -1 when none is
+        complete.
+
+        :raises EventTooLarge: when the event being read exceeds the limit.
+        """
+        buf = self.buffer
+        start = self.position
         n = len(buf)
         if start == n:
             return -1
@@ -218,7 +305,7 @@ class EventFramer:
             return -1
         if end - start > self.max_event_bytes:
             raise EventTooLarge(end - start, self.max_event_bytes)
-        self._start = self._line = self._seen = end
+        self.position = self._line = self._seen = end
         return end
 
     def _next_end_slow(self, buf: bytes | bytearray, start: int, n: int) -> int:
@@ -357,32 +444,6 @@ def _ending(reason: Failure | None) -> str:
     return "the connection was lost: %s" % (reason.type.__name__,)
 
 
-def _skip_ungated(buf, start: int, last: int, found: list) -> int:
-    """
-    From an event start in complete events ``buf[.., last)`` free of "\\r",
-    the start of the first event holding a line end of ``_GATED_NAME_ENDS``
-    (``last`` if none). ``found[i]`` is -1 when name ``i`` is not in
-    ``buf[.., last)`` past the first start, else a place holding a gated
-    name at or before name ``i``'s next place; a place already passed is
-    searched again from ``start``, so a read costs each ``find`` about once
-    however many gated events it holds. (The caller checked that all of
-    ``buf[.., last)`` is within the size limit of one event, so skipped
-    events need no check of their own.)
-    """
-    hit = last
-    for i in range(3):
-        at = found[i]
-        if 0 <= at < start:
-            at = found[i] = buf.find(_GATED_NAME_ENDS[i], start, last)
-        if 0 <= at < hit:
-            hit = at
-    if hit == last:
-        return last
-    end = buf.rfind(b"\n\n", start, hit)
-    # -1: the event at ``start`` holds the hit itself.
-    return start if end < 0 else end + 2
-
-
 @implementer(IPushProducer)
 class SSEGate(Protocol):
     """
@@ -481,7 +542,7 @@ class SSEGate(Protocol):
             self._held.append(data)
             self._again = True
             return
-        self._framer._append(data)
+        self._framer.append(data)
         self._drain()
 
     def connectionLost(self, reason: Failure = None) -> None:
@@ -497,7 +558,7 @@ class SSEGate(Protocol):
         self._cancel_timers()
         # Events held by a pause are in memory already: write them all.
         self._paused = False
-        self._framer._final = True
+        self._framer.end()
         self._drain()
         if self.done.called:
             return
@@ -566,7 +627,7 @@ class SSEGate(Protocol):
                 self._again = False
                 if self._held:
                     for data in self._held:
-                        self._framer._append(data)
+                        self._framer.append(data)
                     del self._held[:]
                 if self._paused or self.done.called:
                     break
@@ -581,48 +642,25 @@ class SSEGate(Protocol):
     def _take_events(self) -> None:
         """Write every complete buffered event: one write, one slice when clean."""
         framer = self._framer
-        buf = framer._buf
-        next_end = framer._next_end
-        cr = framer._cr
-        out_start = start = framer._start
-        found = None
-        if not cr and start < len(buf):
-            # The common case, without a step per event: complete events
-            # whose event lines end in none of the names the gate reads
-            # ("_start" stands for message_start and content_block_start)
-            # leave as they are, between the events that hold such line
-            # ends. Without "\r", every "\n\n" ends an event.
-            last = buf.rfind(b"\n\n", start) + 2
-            # Skipped events are not checked one by one: only while all of
-            # them together are within the size limit for one.
-            if last > 1 and last - start <= framer.max_event_bytes:
-                hit = last
-                for name in _GATED_NAME_ENDS:
-                    at = buf.find(name, start, hit)
-                    if at >= 0:
-                        hit = at
-                if hit < last:
-                    # Events the gate reads, with more behind them: after
-                    # each, skip again (_skip_ungated, which searches each
-                    # name on to ``last``; this first pass, the common one,
-                    # stops each search at the nearest hit).
-                    found = [hit, hit, hit]
-                    last_gated = buf.rfind(b"\n\n", start, hit) + 2
-                else:
-                    last_gated = last
-                if last_gated > 1:
-                    framer._start = framer._line = framer._seen = start = last_gated
+        buf = framer.buffer
+        n = len(buf)
+        out_start = stop = framer.position
         pieces = None
         too_large = None
         while not self._paused:
+            # Only the events whose event lines end in a name the gate reads
+            # come here one by one; the others pass as they are, between them.
             try:
-                end = next_end()
+                start, end = framer.next_marked(_GATED_NAME_ENDS)
             except EventTooLarge as e:
                 too_large = e
+                stop = framer.position
                 break
             if end < 0:
+                stop = start
                 break
-            name = _event_name_at(buf, start, end, cr)
+            stop = end
+            name = _event_name_at(buf, start, end, framer.line_ends_vary)
             if name in _PARSED:
                 replacement = self._decide(name, _copy(buf, start, end))
                 if replacement is not None:
@@ -633,18 +671,15 @@ class SSEGate(Protocol):
                     out_start = end
             elif name == _MESSAGE_STOP:
                 self.message_stop_seen = True
-            start = end
-            if found is not None and start < last:
-                end = _skip_ungated(buf, start, last, found)
-                if end != start:
-                    framer._start = framer._line = framer._seen = start = end
-        stop = framer._start
+            if end == n:
+                # The read ended with this event (the common case): nothing more to ask.
+                break
         if pieces is None:
             out = _copy(buf, out_start, stop)
         else:
             pieces.append(_copy(buf, out_start, stop))
             out = b"".join(pieces)
-        framer._compact()
+        framer.compact()
         if out:
             self._send(out)
         if too_large is not None:
