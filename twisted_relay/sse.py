@@ -64,7 +64,12 @@ _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
 # line, which (with no "\r" in the stream) is the name and a "\n". Data lines
 # hold JSON, where a "\n" never follows these words: text deltas full of
 # code that mentions "error" or "_start" still take the fast path.
-_GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n")
+# A thinking block's signature arrives in a content_block_delta: its
+# ``"signature_delta"`` (an escaped quote follows the word in text) is gated
+# too, so that the translator can mark the signature with its maker.
+_CONTENT_BLOCK_DELTA = b"content_block_delta"
+_SIGNATURE_DELTA = b'"signature_delta"'
+_GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n", _SIGNATURE_DELTA)
 
 
 class EventTooLarge(ValueError):
@@ -349,7 +354,7 @@ def _skip_ungated(buf, start: int, last: int, found: list) -> int:
     events need no check of their own.)
     """
     hit = last
-    for i in range(3):
+    for i in range(len(_GATED_NAME_ENDS)):
         at = found[i]
         if 0 <= at < start:
             at = found[i] = buf.find(_GATED_NAME_ENDS[i], start, last)
@@ -579,7 +584,7 @@ class SSEGate(Protocol):
                     # each, skip again (_skip_ungated, which searches each
                     # name on to ``last``; this first pass, the common one,
                     # stops each search at the nearest hit).
-                    found = [hit, hit, hit]
+                    found = [hit] * len(_GATED_NAME_ENDS)
                     last_gated = buf.rfind(b"\n\n", start, hit) + 2
                 else:
                     last_gated = last
@@ -596,7 +601,9 @@ class SSEGate(Protocol):
             if end < 0:
                 break
             name = _event_name_at(buf, start, end, cr)
-            if name in _PARSED:
+            if name in _PARSED or (
+                name == _CONTENT_BLOCK_DELTA and buf.find(_SIGNATURE_DELTA, start, end) >= 0
+            ):
                 replacement = self._decide(name, _copy(buf, start, end))
                 if replacement is not None:
                     if pieces is None:
@@ -655,6 +662,9 @@ class SSEGate(Protocol):
                 return None
             recorded = len(translator.rewrites)
             changed = translator.translate_block(part)
+        elif name == _CONTENT_BLOCK_DELTA:
+            recorded = len(translator.rewrites)
+            changed = translator.translate_delta(payload.get("delta"))
         else:
             part = payload.get("message")
             if not isinstance(part, dict):

@@ -251,9 +251,11 @@ class UpstreamRules:
         upstream makes; only declarations whose original id matches it go back
         as the upstream emitted them, the others go as under ``unique``.
         ``None``: every id is its own.
-    :ivar mark_thinking: mark the thinking blocks of its answers with
-        ``name``, so that later requests send them to this upstream only
-        (turn it on when a conversation can move between upstreams).
+    :ivar mark_thinking: the conversation may move between upstreams: mark
+        the thinking blocks of this upstream's answers with ``name``, so that
+        later requests send them to this upstream only; and send a tool loop
+        whose final assistant message does not start with thinking without
+        ``thinking`` (``docs/id-translation.md``, invariant 12).
     :raises ValueError: for an unknown policy, a pattern that does not
         compile, or an ``id_pattern`` that refuses the encoded ids.
     """
@@ -855,10 +857,12 @@ def _starts_with_thinking(content: Any) -> bool:
     return content[0].get("type") in _SIGNED_FIELDS
 
 
-def _tool_loop_lost_thinking(messages: list, rewritten: list[tuple]) -> bool:
+def _tool_loop_without_thinking(messages: list, rewritten: list[tuple], crossing: bool) -> bool:
     """
-    Whether the final assistant message, followed by tool results, started
-    with a thinking block that was left out, so that it no longer does.
+    Whether the final assistant message, followed by tool results, does not
+    start with a thinking block once other upstreams' thinking is left out:
+    because a block was left out, or (``crossing``: the conversation may have
+    been elsewhere) whatever the reason.
     """
     last = None
     for mi in range(len(messages) - 1, -1, -1):
@@ -866,10 +870,14 @@ def _tool_loop_lost_thinking(messages: list, rewritten: list[tuple]) -> bool:
         if isinstance(message, dict) and message.get("role") == "assistant":
             last = mi
             break
-    if last is None or not _starts_with_thinking(messages[last].get("content")):
+    if last is None:
         return False
-    new_content = next((c for mi, _, c in rewritten if mi == last), None)
-    if new_content is None or _starts_with_thinking(new_content):
+    content = next((c for mi, _, c in rewritten if mi == last), None)
+    if content is None:
+        content = messages[last].get("content")
+    elif not crossing and not _starts_with_thinking(messages[last].get("content")):
+        return False
+    if _starts_with_thinking(content):
         return False
     for message in messages[last + 1:]:
         content = message.get("content") if isinstance(message, dict) else None
@@ -1174,14 +1182,17 @@ def translate_request(body: dict, policy: str | UpstreamRules = UNIQUE) -> Reque
     if not isinstance(messages, list):
         return RequestTranslation(rules.policy, body, False, history, [])
     rows, rewritten = _walk(messages, history)
-    if not rewritten:
-        return RequestTranslation(rules.policy, body, False, history, rows)
-    new_body = _rewritten_body(body, messages, rewritten)
-    thinking_disabled = False
-    if history.thinking and _thinking_on(body) and _tool_loop_lost_thinking(messages, rewritten):
+    crossing = rules.mark_thinking
+    if (crossing or history.thinking) and _thinking_on(body) and _tool_loop_without_thinking(
+        messages, rewritten, crossing
+    ):
         # Anthropic's rule: with thinking on, the final assistant message of
         # a tool loop starts with a thinking block. Its block was another
-        # upstream's, so this one request goes without thinking.
+        # upstream's (or it had none), so this one request goes without
+        # thinking (docs/id-translation.md, invariant 12).
+        new_body = _rewritten_body(body, messages, rewritten) if rewritten else dict(body)
         del new_body["thinking"]
-        thinking_disabled = True
-    return RequestTranslation(rules.policy, new_body, True, history, rows, thinking_disabled)
+        return RequestTranslation(rules.policy, new_body, True, history, rows, True)
+    if not rewritten:
+        return RequestTranslation(rules.policy, body, False, history, rows)
+    return RequestTranslation(rules.policy, _rewritten_body(body, messages, rewritten), True, history, rows)
