@@ -32,7 +32,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from twisted_relay.translation import ORIGINAL, UNIQUE, THINKING_MARK, UpstreamRules, translate_request
+from twisted_relay.translation import (
+    ORIGINAL,
+    THINKING_MARK,
+    UNIQUE,
+    UpstreamRules,
+    translate_request,
+)
 
 KIMI_FORM = r"^functions\.[A-Za-z]+:[0-9]+$"
 NAMES = ("Bash", "Read", "Edit")
@@ -338,7 +344,7 @@ class Crossing:
                 {"type": "text", "text": "go on"}]})
 
 
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
 scripts = st.lists(turn, min_size=30, max_size=34)
 
 
