@@ -665,12 +665,12 @@ class _History:
         otherwise).
     :ivar upstream_to_client: upstream id (as sent, encoded or not) -> client
         id of the most recent declaration sent with it.
-    :ivar declarations: how many declarations the history holds.
+    :ivar rows: the walk's table rows (see ``_ROW``).
     :ivar thinking: ``(message index, block index, maker, sent)`` per marked
         thinking block.
     """
 
-    __slots__ = ("counts", "declarations", "declared", "policy", "rules", "thinking", "upstream_ids",
+    __slots__ = ("counts", "declared", "policy", "rows", "rules", "thinking", "upstream_ids",
                  "upstream_to_client")
 
     def __init__(self, rules: UpstreamRules) -> None:
@@ -680,8 +680,13 @@ class _History:
         self.counts: dict[str, int] = {}
         self.upstream_ids: set[str] = set()
         self.upstream_to_client: dict[str, str] = {}
-        self.declarations = 0
+        self.rows: list = []
         self.thinking: list[tuple] = []
+
+    def declarations(self) -> int:
+        """How many declarations the history holds (counted when asked: rarely)."""
+        rows = self.rows
+        return sum(1 for at in range(3, len(rows), _ROW) if rows[at] == DECLARATION)
 
 
 def _writable_block(content: list, copy: list | None, bi: int) -> list:
@@ -699,7 +704,9 @@ def _writable_block(content: list, copy: list | None, bi: int) -> list:
 # A table row is _ROW consecutive items of one flat list, in this order:
 # message index, block index, field, kind, block type, client id, upstream id,
 # original id, occurrence, pointed-at message index (-1: none), pointed-at
-# block index, repaired, encoded from (None: not encoded). The walk keeps no
+# block index, repaired, encoded from (declarations and orphans; None: not
+# encoded; a reference's is read from its declaration's row when the table is
+# built). The walk keeps no
 # other per-block object alive (a declaration is known by the offset of its
 # row), so it gives the cyclic garbage collector nothing to traverse on a
 # long history.
@@ -707,7 +714,6 @@ _ROW = 13
 _UPSTREAM = 6
 _ORIGINAL = 7
 _REPAIRED = 11
-_ENCODED = 12
 
 # Stands, in a copied content list, for a block left out.
 _LEFT_OUT = object()
@@ -725,6 +731,7 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
     rules = history.rules
     unique = rules.policy == UNIQUE
     accepts = rules._accepts
+    accepted = {} if accepts is None else accepts.memo
     own = rules._own
     track_sent = unique or own is not None
     declared = history.declared
@@ -732,7 +739,6 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
     upstream_ids = history.upstream_ids
     upstream_to_client = history.upstream_to_client
     thinking = history.thinking
-    declarations = 0
     # (stem, separator) -> j such that every repair candidate below j is taken;
     # the taken sets only grow, so it stays true and keeps repairs linear.
     repair_floor: dict[tuple[str, str], int] = {}
@@ -754,23 +760,6 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
             block_type = block.get("type")
             if not isinstance(block_type, str):
                 block_type = None
-            elif block_type == "thinking" or block_type == "redacted_thinking":
-                signed = _SIGNED_FIELDS[block_type]
-                value = block.get(signed)
-                if isinstance(value, str) and value.startswith(THINKING_MARK):
-                    mark = read_mark(value)
-                    if mark is not None:
-                        sent = mark[0] == rules.name
-                        thinking.append((mi, bi, mark[0], sent))
-                        if sent:
-                            new_content = _writable_block(content, new_content, bi)
-                            new_content[bi][signed] = mark[1]
-                        else:
-                            if new_content is None:
-                                new_content = list(content)
-                            new_content[bi] = _LEFT_OUT
-                            left_out = True
-                continue
             # A block's own references point at earlier blocks, so they are
             # resolved before its declaration (if any) is recorded.
             ref = block.get("tool_use_id")
@@ -783,7 +772,7 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
                 else:
                     upstream = rows[at + _UPSTREAM]
                     add_row((mi, bi, TOOL_USE_ID, REFERENCE, block_type, ref, upstream, rows[at + _ORIGINAL],
-                             None, rows[at], rows[at + 1], rows[at + _REPAIRED], rows[at + _ENCODED]))
+                             None, rows[at], rows[at + 1], rows[at + _REPAIRED], None))
                 if upstream != ref:
                     new_content = _writable_block(content, new_content, bi)
                     new_content[bi]["tool_use_id"] = upstream
@@ -799,19 +788,33 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
                     else:
                         upstream = rows[at + _UPSTREAM]
                         add_row((mi, bi, CALLER_TOOL_ID, REFERENCE, block_type, ref, upstream,
-                                 rows[at + _ORIGINAL], None, rows[at], rows[at + 1], rows[at + _REPAIRED],
-                                 rows[at + _ENCODED]))
+                                 rows[at + _ORIGINAL], None, rows[at], rows[at + 1], rows[at + _REPAIRED], None))
                     if upstream != ref:
                         new_content = _writable_block(content, new_content, bi)
                         new_caller = dict(caller)
                         new_caller["tool_id"] = upstream
                         new_content[bi]["caller"] = new_caller
             if block_type is None or not (block_type == "tool_use" or block_type.endswith("_tool_use")):
+                if ref is None and block_type in _SIGNED_FIELDS:
+                    signed = _SIGNED_FIELDS[block_type]
+                    value = block.get(signed)
+                    if isinstance(value, str) and value.startswith(THINKING_MARK):
+                        mark = read_mark(value)
+                        if mark is not None:
+                            sent = mark[0] == rules.name
+                            thinking.append((mi, bi, mark[0], sent))
+                            if sent:
+                                new_content = _writable_block(content, new_content, bi)
+                                new_content[bi][signed] = mark[1]
+                            else:
+                                if new_content is None:
+                                    new_content = list(content)
+                                new_content[bi] = _LEFT_OUT
+                                left_out = True
                 continue
             client_id = block.get("id")
             if not isinstance(client_id, str):
                 continue
-            declarations += 1
             separator = "-" if block_type == "tool_use" else "_"
             original = _decode(client_id, separator, counts)
             k = counts.get(original, 0) + 1
@@ -833,7 +836,7 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
                 upstream = client_id
                 upstream_ids.add(upstream)
             encoded_from = None
-            if accepts is not None and not accepts(upstream):
+            if accepts is not None and not (accepted.get(upstream) or accepts(upstream)):
                 encoded_from = upstream
                 upstream = encode_id(upstream)
             declared[client_id] = len(rows)
@@ -847,7 +850,7 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
             if left_out:
                 new_content = [b for b in new_content if b is not _LEFT_OUT]
             rewritten.append((mi, message, new_content))
-    history.declarations = declarations
+    history.rows = rows
     return rows, rewritten
 
 
@@ -927,7 +930,10 @@ class ResponseTranslator:
         self._history = history
         rules = history.rules
         self._mark = rules.name if rules.mark_thinking else None
-        self._declarations = history.declarations
+        # the history's declarations, counted when a block needs an id;
+        # and this answer's so far
+        self._declarations: int | None = None
+        self._answered = 0
         self._client_ids: set[str] = set()
         self._upstream_ids: set[str] = set()
         self._counts: dict[str, int] = {}
@@ -1030,8 +1036,13 @@ class ResponseTranslator:
         ``wire`` (``None``: with an empty or no id, so the relay mints one).
         """
         separator = "-" if block_type == "tool_use" else "_"
-        self._declarations += 1
-        emitted = minted_id(block_type, self._declarations) if wire is None else wire
+        self._answered += 1
+        if wire is None:
+            if self._declarations is None:
+                self._declarations = self._history.declarations()
+            emitted = minted_id(block_type, self._declarations + self._answered)
+        else:
+            emitted = wire
         declared = self._declared
         originals = self._originals
         if self._policy == UNIQUE:
@@ -1113,6 +1124,7 @@ class RequestTranslation:
         if self._table is None:
             rows = self._rows
             entries = []
+            encodings = {}
             n = 0
             for at in range(0, len(rows), _ROW):
                 (mi, bi, field, kind, block_type, client_id, upstream, original, k, pmi, pbi,
@@ -1121,6 +1133,9 @@ class RequestTranslation:
                 if kind == DECLARATION:
                     n += 1
                     minted = _is_minted(client_id, block_type, n)
+                    encodings[(mi, bi)] = encoded_from
+                elif pmi >= 0:
+                    encoded_from = encodings[(pmi, pbi)]
                 entries.append(Entry(mi, bi, field, kind, block_type, client_id, upstream, original, k,
                                      None if pmi < 0 else (pmi, pbi), repaired, encoded_from, minted))
             history = self._history
