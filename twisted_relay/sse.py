@@ -8,8 +8,9 @@ The gate (a Twisted :class:`~twisted.internet.protocol.Protocol` that treq
 feeds with ``response.deliverBody``) writes each received chunk's complete
 events to the client in one write, after the id-translation core has decided
 the few events that can carry tool-use ids (``content_block_start`` and
-``message_start``). Every other event is never parsed and leaves as the very
-bytes that came in.
+``message_start``), and the ``content_block_delta`` events that carry a
+thinking block's ``signature_delta`` (the translator marks it with its maker).
+Every other event is never parsed and leaves as the very bytes that came in.
 """
 
 from __future__ import annotations

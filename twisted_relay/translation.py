@@ -9,6 +9,13 @@ history and returns the body to send upstream together with a
 :class:`ResponseTranslator` that rewrites, block by block, the ids of the one
 upstream response to that request.
 
+Each request is translated for one upstream, whose rules are a plain
+:class:`UpstreamRules` value: its id policy, the id pattern it accepts (an id
+outside it goes as :func:`encode_id` of it), the ids an ``original`` upstream
+calls its own, and whether thinking is marked with its maker (a conversation
+that can cross upstreams). Declarations emitted without an id get one
+(:func:`minted_id`). ``docs/id-translation.md`` has the rules and why.
+
 The relay keeps no state between requests. Every decision about a block is a
 function of what precedes that block in walk order, so a block's client id and
 upstream id never change on later turns, and a response translator continues
