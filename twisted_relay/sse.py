@@ -65,12 +65,13 @@ _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
 # line, which (with no "\r" in the stream) is the name and a "\n". Data lines
 # hold JSON, where a "\n" never follows these words: text deltas full of
 # code that mentions "error" or "_start" still take the fast path.
-# A thinking block's signature arrives in a content_block_delta: its
-# ``"signature_delta"`` (an escaped quote follows the word in text) is gated
-# too, so that the translator can mark the signature with its maker.
+_GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n")
+# A thinking block's signature arrives in a content_block_delta: when the
+# translator marks thinking with its maker, ``"signature_delta"`` (in text an
+# escaped quote follows the word) is gated too; otherwise it costs nothing.
 _CONTENT_BLOCK_DELTA = b"content_block_delta"
 _SIGNATURE_DELTA = b'"signature_delta"'
-_GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n", _SIGNATURE_DELTA)
+_GATED_WITH_SIGNATURES = (*_GATED_NAME_ENDS, _SIGNATURE_DELTA)
 
 
 class EventTooLarge(ValueError):
@@ -342,7 +343,7 @@ def _dumps(obj: object) -> bytes:
     return dumps(obj)
 
 
-def _skip_ungated(buf, start: int, last: int, found: list) -> int:
+def _skip_ungated(buf, start: int, last: int, found: list, gated: tuple = _GATED_NAME_ENDS) -> int:
     """
     From an event start in complete events ``buf[.., last)`` free of "\\r",
     the start of the first event holding a line end of ``_GATED_NAME_ENDS``
@@ -355,10 +356,10 @@ def _skip_ungated(buf, start: int, last: int, found: list) -> int:
     events need no check of their own.)
     """
     hit = last
-    for i in range(len(_GATED_NAME_ENDS)):
+    for i in range(len(gated)):
         at = found[i]
         if 0 <= at < start:
-            at = found[i] = buf.find(_GATED_NAME_ENDS[i], start, last)
+            at = found[i] = buf.find(gated[i], start, last)
         if 0 <= at < hit:
             hit = at
     if hit == last:
@@ -421,6 +422,7 @@ class SSEGate(Protocol):
     ):
         self._write = write
         self._translator = translator
+        self._gated = _GATED_WITH_SIGNATURES if getattr(translator, "marks_thinking", False) else _GATED_NAME_ENDS
         self._clock = clock
         self._idle_timeout = idle_timeout
         self._ping_interval = ping_interval
@@ -576,7 +578,7 @@ class SSEGate(Protocol):
             # them together are within the size limit for one.
             if last > 1 and last - start <= framer.max_event_bytes:
                 hit = last
-                for name in _GATED_NAME_ENDS:
+                for name in self._gated:
                     at = buf.find(name, start, hit)
                     if at >= 0:
                         hit = at
@@ -585,7 +587,7 @@ class SSEGate(Protocol):
                     # each, skip again (_skip_ungated, which searches each
                     # name on to ``last``; this first pass, the common one,
                     # stops each search at the nearest hit).
-                    found = [hit] * len(_GATED_NAME_ENDS)
+                    found = [hit] * len(self._gated)
                     last_gated = buf.rfind(b"\n\n", start, hit) + 2
                 else:
                     last_gated = last
@@ -603,7 +605,9 @@ class SSEGate(Protocol):
                 break
             name = _event_name_at(buf, start, end, cr)
             if name in _PARSED or (
-                name == _CONTENT_BLOCK_DELTA and buf.find(_SIGNATURE_DELTA, start, end) >= 0
+                name == _CONTENT_BLOCK_DELTA
+                and self._gated is _GATED_WITH_SIGNATURES
+                and buf.find(_SIGNATURE_DELTA, start, end) >= 0
             ):
                 replacement = self._decide(name, _copy(buf, start, end))
                 if replacement is not None:
@@ -616,7 +620,7 @@ class SSEGate(Protocol):
                 self.message_stop_seen = True
             start = end
             if found is not None and start < last:
-                end = _skip_ungated(buf, start, last, found)
+                end = _skip_ungated(buf, start, last, found, self._gated)
                 if end != start:
                     framer._start = framer._line = framer._seen = start = end
         stop = framer._start

@@ -937,6 +937,9 @@ class ResponseTranslator:
         self._history = history
         rules = history.rules
         self._mark = rules.name if rules.mark_thinking else None
+        #: whether :meth:`translate_delta` can change anything (the SSE gate
+        #: reads signature deltas only then)
+        self.marks_thinking = rules.mark_thinking
         # the history's declarations, counted when a block needs an id;
         # and this answer's so far
         self._declarations: int | None = None
