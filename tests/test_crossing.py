@@ -12,7 +12,14 @@ import re
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.test_sse import THINKING_STREAM, _done, _gate, _sdk_events, _splits
+from tests.test_sse import (
+    THINKING_STREAM,
+    _done,
+    _gate,
+    _sdk_events,
+    _splits,
+    _with_endings,
+)
 from twisted_relay.translation import (
     ANTHROPIC_ID_PATTERN,
     ENCODED_PREFIX,
@@ -370,6 +377,8 @@ class ThinkingTests(SynchronousTestCase):
         splits = [[THINKING_STREAM[i:i + size] for i in range(0, len(THINKING_STREAM), size)]
                   for size in (1, 7, 64, 300, len(THINKING_STREAM))]
         splits += [chunks for label, chunks in _splits(THINKING_STREAM, randoms=5) if label.startswith("random")]
+        # other line endings take the gate's event-by-event path
+        splits += [[_with_endings(THINKING_STREAM, ending)] for ending in ("\r\n", "\r", "mixed")]
         for data in splits:
             r = translate_request(body_of([{"role": "user", "content": "hi"}]), self.A).response()
             gate, sink, _, _ = _gate(r)
@@ -378,7 +387,7 @@ class ThinkingTests(SynchronousTestCase):
             gate.connectionLost(_done())
             out = sink.value()
             sent = _sdk_events(out)
-            got = _sdk_events(THINKING_STREAM)
+            got = _sdk_events(b"".join(data))
             self.assertEqual(len(sent), len(got))
             for (name, payload), (_, original) in zip(sent, got):
                 if "signature_delta" in original:
