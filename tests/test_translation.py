@@ -308,8 +308,7 @@ class ResponseTests(SynchronousTestCase):
     def test_odd_blocks(self):
         """Blocks of odd shapes are skipped by the response translator."""
         r = translate_request(body_of([]), UNIQUE).response()
-        for odd in (None, "text", 3, [], {"type": 7, "id": "x"}, {"type": "tool_use", "id": 5},
-                    {"type": "tool_use"}, {"tool_use_id": ["x"]}, {"caller": "x"},
+        for odd in (None, "text", 3, [], {"type": 7, "id": "x"}, {"tool_use_id": ["x"]}, {"caller": "x"},
                     {"caller": {"tool_id": 1}}):
             self.assertFalse(r.translate_block(odd))
         for odd in (None, {}, {"content": "text"}, {"content": None}, {"content": [1, None]}):
@@ -626,10 +625,10 @@ class TableTests(SynchronousTestCase):
         table = self.table()
         text = table.format()
         lines = text.splitlines()
-        self.assertEqual(len(lines), 2 + len(table.entries))
-        self.assertIn("repaired", lines[7])
+        self.assertEqual(len(lines), 3 + len(table.entries))
+        self.assertIn("repaired", lines[8])
         self.assertIn("orphan", lines[-1])
-        for line, entry in zip(lines[2:], table.entries):
+        for line, entry in zip(lines[3:], table.entries):
             cells = re.split(r"\s{2,}", line.strip())
             self.assertEqual(cells[:3], [str(entry.message_index), str(entry.block_index), entry.kind])
             self.assertIn(entry.client_id, cells)

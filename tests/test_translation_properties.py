@@ -26,6 +26,7 @@ from twisted_relay.translation import (
     ORIGINAL,
     UNIQUE,
     TranslationTable,
+    UpstreamRules,
     translate_request,
 )
 
@@ -242,13 +243,15 @@ def raw_prefix(picks: list, pool: tuple, truth: Truth) -> list:
 class Conversation:
     """
     One generated conversation, driven turn by turn, checking every
-    invariant as it goes.
+    invariant as it goes. The upstream has no id pattern: these are the
+    invariants of collisions alone (``test_crossing`` adds the patterns).
     """
 
     def __init__(self, case: SynchronousTestCase, policy: str, model: ModelUpstream,
                  messages: list | None = None, truth: Truth | None = None) -> None:
         self.case = case
         self.policy = policy
+        self.rules = UpstreamRules(policy=policy, id_pattern=None)
         self.model = model
         self.messages = messages if messages is not None else []
         self.truth = truth if truth is not None else Truth()
@@ -263,7 +266,7 @@ class Conversation:
         case = self.case
         body = {"model": "m", "max_tokens": 64, "messages": self.messages}
         before = ujson.dumps(body)
-        t = translate_request(body, self.policy)
+        t = translate_request(body, self.rules)
         after = ujson.dumps(body)
         case.assertEqual(after, before, "the client's body was mutated")
         upstream = t.upstream_body
@@ -273,10 +276,10 @@ class Conversation:
 
         # 5. statelessness and 7. idempotence: the same request's bytes, sent
         # again to a relay that kept nothing, give the same upstream request
-        fresh = translate_request(ujson.loads(before), self.policy)
+        fresh = translate_request(ujson.loads(before), self.rules)
         case.assertEqual(ujson.dumps(fresh.upstream_body), upstream_json)
         if check_table:
-            again = translate_request(body, self.policy)
+            again = translate_request(body, self.rules)
             case.assertEqual(ujson.dumps(again.upstream_body), upstream_json)
             case.assertEqual(fresh.table, t.table)
             case.assertEqual(again.table, t.table)

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from twisted_relay._version import __version__
 from twisted_relay.dumps import load_dump
 from twisted_relay.redact import REDACTED, is_sensitive_header, redact_text
-from twisted_relay.translation import TranslationTable, translate_request
+from twisted_relay.translation import TranslationTable, UpstreamRules, translate_request
 
 __all__ = ["main", "differences"]
 
@@ -183,7 +183,12 @@ def _check(dump: dict, out: IO[str], err: IO[str]) -> int:
         print("\ncannot check: the dumped client body is not a JSON object", file=err)
         return 2
     try:
-        translation = translate_request(client_body, dump.get("policy"))
+        # the upstream's rules when the dump holds them, else its policy's defaults
+        table = dump.get("translation_table")
+        rules = table.get("rules") if isinstance(table, dict) else None
+        translation = translate_request(
+            client_body, dump.get("policy") if rules is None else UpstreamRules.from_dict(rules)
+        )
     except ValueError as e:
         print(f"\ncannot check: {e}", file=err)
         return 2

@@ -8,8 +8,9 @@ The gate (a Twisted :class:`~twisted.internet.protocol.Protocol` that treq
 feeds with ``response.deliverBody``) writes each received chunk's complete
 events to the client in one write, after the id-translation core has decided
 the few events that can carry tool-use ids (``content_block_start`` and
-``message_start``). Every other event is never parsed and leaves as the very
-bytes that came in.
+``message_start``), and the ``content_block_delta`` events that carry a
+thinking block's ``signature_delta`` (the translator marks it with its maker).
+Every other event is never parsed and leaves as the very bytes that came in.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
 # The one that recurs in a read (a content_block_start per block) comes first:
 # see EventFramer.next_marked.
 _GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n")
+# A thinking block's signature arrives in a content_block_delta: when the
+# translator marks thinking with its maker, ``"signature_delta"`` (in text an
+# escaped quote follows the word) is gated too; otherwise it costs nothing.
+_CONTENT_BLOCK_DELTA = b"content_block_delta"
+_SIGNATURE_DELTA = b'"signature_delta"'
+_GATED_WITH_SIGNATURES = (*_GATED_NAME_ENDS, _SIGNATURE_DELTA)
 
 
 class EventTooLarge(ValueError):
@@ -497,6 +504,7 @@ class SSEGate(Protocol):
     ):
         self._write = write
         self._translator = translator
+        self._gated = _GATED_WITH_SIGNATURES if getattr(translator, "marks_thinking", False) else _GATED_NAME_ENDS
         self._clock = clock
         self._idle_timeout = idle_timeout
         self._ping_interval = ping_interval
@@ -651,7 +659,7 @@ class SSEGate(Protocol):
             # Only the events whose event lines end in a name the gate reads
             # come here one by one; the others pass as they are, between them.
             try:
-                start, end = framer.next_marked(_GATED_NAME_ENDS)
+                start, end = framer.next_marked(self._gated)
             except EventTooLarge as e:
                 too_large = e
                 stop = framer.position
@@ -661,7 +669,11 @@ class SSEGate(Protocol):
                 break
             stop = end
             name = _event_name_at(buf, start, end, framer.line_ends_vary)
-            if name in _PARSED:
+            if name in _PARSED or (
+                name == _CONTENT_BLOCK_DELTA
+                and self._gated is _GATED_WITH_SIGNATURES
+                and buf.find(_SIGNATURE_DELTA, start, end) >= 0
+            ):
                 replacement = self._decide(name, _copy(buf, start, end))
                 if replacement is not None:
                     if pieces is None:
@@ -717,6 +729,9 @@ class SSEGate(Protocol):
                 return None
             recorded = len(translator.rewrites)
             changed = translator.translate_block(part)
+        elif name == _CONTENT_BLOCK_DELTA:
+            recorded = len(translator.rewrites)
+            changed = translator.translate_delta(payload.get("delta"))
         else:
             part = payload.get("message")
             if not isinstance(part, dict):

@@ -10,6 +10,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Sequence
 
@@ -21,7 +22,7 @@ from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
 from twisted.web.server import Site
 
 from twisted_relay._argtypes import seconds, whole_number
-from twisted_relay.simulated.model import ID_STYLES, MODES
+from twisted_relay.simulated.model import ID_STYLES, LEFT_OUT_IDS, MODES
 from twisted_relay.simulated.resource import SimulatedUpstream
 from twisted_relay.simulated.threads import THREAD_MODES
 
@@ -42,6 +43,14 @@ def _integer(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+
+
+def _pattern(text: str) -> str:
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {e}")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +106,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s).",
     )
     parser.add_argument(
+        "--id-pattern",
+        metavar="REGEX",
+        type=_pattern,
+        help="Refuse tool_use ids and tool_use_ids that do not match REGEX, as Anthropic does.",
+    )
+    parser.add_argument(
+        "--left-out-ids",
+        choices=LEFT_OUT_IDS,
+        default="never",
+        help="Emit tool_use blocks with an empty or no id (default: %(default)s).",
+    )
+    parser.add_argument(
+        "--thinking-secret",
+        metavar="SECRET",
+        help="Sign thinking blocks with SECRET and refuse thinking signed otherwise.",
+    )
+    parser.add_argument(
         "--require-key",
         metavar="KEY",
         help="Answer 401 unless x-api-key or Authorization: Bearer carries KEY.",
@@ -140,6 +166,9 @@ def upstream_from(options: argparse.Namespace, reactor: object = None) -> Simula
         line_ending=_LINE_ENDINGS[options.line_ending],
         require_key=options.require_key,
         threads=options.threads,
+        id_pattern=options.id_pattern,
+        left_out_ids=options.left_out_ids,
+        thinking_secret=options.thinking_secret,
     )
 
 

@@ -13,7 +13,9 @@ request the same way.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import random
 import re
 from bisect import bisect_right
@@ -25,14 +27,17 @@ import ujson
 
 __all__ = [
     "ID_STYLES",
+    "LEFT_OUT_IDS",
     "LINE_ENDINGS",
     "MODELS",
     "MODES",
     "ConversationLedger",
     "ModelOptions",
     "Rejection",
+    "check_id_pattern",
     "check_shape",
     "check_strict_ids",
+    "check_thinking",
     "compose_answer",
     "conversation_key",
     "count_tokens",
@@ -42,6 +47,7 @@ __all__ = [
     "plan_chunks",
     "request_rng",
     "seeded_rng",
+    "sign_thinking",
 ]
 
 #: The validation modes of the simulated upstream.
@@ -49,6 +55,10 @@ MODES = ("strict", "stateful", "lenient")
 
 #: ``toolu``: canonical Anthropic ids; ``kimi``: ``functions.<name>:<idx>``.
 ID_STYLES = ("toolu", "kimi")
+
+#: How the model emits tool_use ids: ``never`` left out; ``empty``: ``""``;
+#: ``absent``: no ``id`` field; ``some``: one call in two of each, in turn.
+LEFT_OUT_IDS = ("never", "empty", "absent", "some")
 
 #: Line endings an SSE stream may use.
 LINE_ENDINGS = ("\n", "\r\n", "\r")
@@ -140,6 +150,10 @@ class ModelOptions:
     :ivar server_tools: add a ``server_tool_use`` and its
         ``web_search_tool_result`` to every answer.
     :ivar lookalikes: sometimes emit ``X-2`` natively, ``X`` from the history.
+    :ivar left_out_ids: one of :data:`LEFT_OUT_IDS`.
+    :ivar thinking_secret: when set and the request turns thinking on, the
+        answer starts with a thinking block signed with it
+        (:func:`sign_thinking`).
     """
 
     seed: int = 0
@@ -148,6 +162,8 @@ class ModelOptions:
     parallel: int = 1
     server_tools: bool = False
     lookalikes: bool = False
+    left_out_ids: str = "never"
+    thinking_secret: str | None = None
 
     def __post_init__(self) -> None:
         if self.reuse_every < 0:
@@ -156,6 +172,8 @@ class ModelOptions:
             raise ValueError(f"id_style must be one of {', '.join(ID_STYLES)}")
         if self.parallel < 1:
             raise ValueError("parallel must be 1 or more")
+        if self.left_out_ids not in LEFT_OUT_IDS:
+            raise ValueError(f"left_out_ids must be one of {', '.join(LEFT_OUT_IDS)}")
 
 
 # -- walking a conversation ---------------------------------------------------
@@ -309,6 +327,81 @@ def _check_declaration_pattern(n: int, m: int, block: dict) -> None:
         raise _invalid(f"messages.{n}.content.{m}.{kind}.id: String should match pattern '{pattern}'")
 
 
+def check_id_pattern(messages: Sequence[dict], pattern: str) -> None:
+    """
+    Reject a ``tool_use`` id or a ``tool_result.tool_use_id`` that does not
+    match ``pattern`` (whole), with Anthropic's wording.
+
+    :raises Rejection: for the first fault in walk order.
+    """
+    regex = re.compile(pattern)
+    for n, message in enumerate(messages):
+        for m, block in enumerate(_blocks(message)):
+            kind = block.get("type")
+            if kind == "tool_use":
+                field, value = "id", block.get("id")
+            elif kind == "tool_result":
+                field, value = "tool_use_id", block.get("tool_use_id")
+            else:
+                continue
+            if not isinstance(value, str) or regex.fullmatch(value) is None:
+                raise _invalid(
+                    f"messages.{n}.content.{m}.{kind}.{field}: String should match pattern '{pattern}'"
+                )
+
+
+def sign_thinking(secret: str, thinking: str) -> str:
+    """The signature of a thinking text: base64 of its HMAC-SHA256 under ``secret``."""
+    digest = hmac.new(secret.encode("utf-8"), thinking.encode("utf-8"), hashlib.sha256).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def _thinking_on(body: Any) -> bool:
+    thinking = body.get("thinking") if isinstance(body, dict) else None
+    return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+
+
+def check_thinking(body: dict, secret: str) -> None:
+    """
+    Reject what Anthropic rejects about thinking: a thinking block whose
+    signature this upstream did not make (any ``redacted_thinking`` block:
+    this model never redacts), and, with thinking on, a tool loop whose final
+    assistant message does not start with a thinking block.
+
+    :raises Rejection: for the first fault.
+    """
+    messages = body["messages"]
+    for n, message in enumerate(messages):
+        for m, block in enumerate(_blocks(message)):
+            kind = block.get("type")
+            if kind == "thinking":
+                text, signature = block.get("thinking"), block.get("signature")
+                if not (isinstance(text, str) and isinstance(signature, str)
+                        and hmac.compare_digest(signature, sign_thinking(secret, text))):
+                    raise _invalid(f"messages.{n}.content.{m}: Invalid `signature` in `thinking` block")
+            elif kind == "redacted_thinking":
+                raise _invalid(f"messages.{n}.content.{m}: Invalid `data` in `redacted_thinking` block")
+    if not _thinking_on(body):
+        return
+    last = next((n for n in range(len(messages) - 1, -1, -1) if messages[n].get("role") == "assistant"), None)
+    if last is None or not any(
+        block.get("type") == "tool_result" for message in messages[last + 1:] for block in _blocks(message)
+    ):
+        return
+    content = messages[last].get("content")
+    first = content[0].get("type") if isinstance(content, list) and content and isinstance(content[0], dict) \
+        else "text"
+    if first not in ("thinking", "redacted_thinking"):
+        raise _invalid(
+            f"messages.{last}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+            f"`{first}`. When `thinking` is enabled, a final `assistant` message must start with a thinking "
+            "block (preceeding the lastmost set of `tool_use` and `tool_result` blocks). We recommend you "
+            "include thinking blocks from previous turns. To avoid this requirement, disable `thinking`. "
+            "Please consult our documentation at "
+            "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+        )
+
+
 def _unexpected_result(n: int, m: int, block: dict) -> Rejection:
     if block["type"] == "tool_result":
         return _invalid(
@@ -325,7 +418,7 @@ def _unexpected_result(n: int, m: int, block: dict) -> Rejection:
     )
 
 
-def check_strict_ids(messages: Sequence[dict]) -> None:
+def check_strict_ids(messages: Sequence[dict], *, check_pattern: bool = True) -> None:
     """
     Reject tool ids the way a stateless, strict backend does.
 
@@ -336,6 +429,9 @@ def check_strict_ids(messages: Sequence[dict]) -> None:
     ``server_tool_use`` in the same message.  ``messages`` must already have
     passed :func:`check_shape`.
 
+    :param check_pattern: check ``tool_use`` ids against Anthropic's pattern
+        (off when the upstream has a pattern of its own,
+        :func:`check_id_pattern`).
     :raises Rejection: for the first fault in walk order.
     """
     seen: set[str] = set()
@@ -345,7 +441,8 @@ def check_strict_ids(messages: Sequence[dict]) -> None:
         answered: set[str] = set()
         for m, block in enumerate(_blocks(message)):
             if _is_declaration(block):
-                _check_declaration_pattern(n, m, block)
+                if check_pattern or block["type"] != "tool_use":
+                    _check_declaration_pattern(n, m, block)
                 if block["id"] in seen:
                     raise _invalid(f"messages.{n}.content.{m}: `tool_use` ids must be unique")
                 seen.add(block["id"])
@@ -353,7 +450,7 @@ def check_strict_ids(messages: Sequence[dict]) -> None:
             elif _is_reference(block):
                 target = block["tool_use_id"]
                 if block["type"] == "tool_result":
-                    if not isinstance(target, str) or _TOOL_USE_RE.fullmatch(target) is None:
+                    if not isinstance(target, str) or (check_pattern and _TOOL_USE_RE.fullmatch(target) is None):
                         raise _invalid(
                             f"messages.{n}.content.{m}.tool_result.tool_use_id: "
                             f"String should match pattern '{_TOOL_USE_PATTERN}'"
@@ -624,20 +721,30 @@ def compose_answer(body: Any, options: ModelOptions) -> dict:
     tools = _client_tools(body) if _tool_choice_allows_tools(body) else []
     step = len(messages) // 2 + 1
     content: list[dict] = []
+    if options.thinking_secret is not None and _thinking_on(body):
+        thought = f"Step {step}: {rng.choice(_WORDS)} — what next?"
+        content.append({"type": "thinking", "thinking": thought,
+                        "signature": sign_thinking(options.thinking_secret, thought)})
     if options.server_tools:
         content.extend(_server_tool_blocks(ids, rng))
     if tools:
         content.append({"type": "text", "text": f"{rng.choice(_TOOL_PHRASES)} (step {step})"})
-        for _ in range(options.parallel):
+        for call in range(options.parallel):
             tool = _chosen_tool(body, tools, rng)
-            content.append(
-                {
-                    "type": "tool_use",
-                    "id": ids.next_id("tool_use", tool["name"]),
-                    "name": tool["name"],
-                    "input": _input_for(tool.get("input_schema"), rng),
-                }
-            )
+            block = {
+                "type": "tool_use",
+                "id": ids.next_id("tool_use", tool["name"]),
+                "name": tool["name"],
+                "input": _input_for(tool.get("input_schema"), rng),
+            }
+            left_out = options.left_out_ids
+            if left_out == "some":
+                left_out = ("empty", "absent", "never", "never")[(step + call) % 4]
+            if left_out == "empty":
+                block["id"] = ""
+            elif left_out == "absent":
+                del block["id"]
+            content.append(block)
         stop_reason = "tool_use"
     else:
         content.append({"type": "text", "text": f"{rng.choice(_FINAL_PHRASES)} (step {step})"})
@@ -682,8 +789,14 @@ def _block_events(index: int, block: dict, rng: random.Random) -> Iterator[tuple
     if kind == "text":
         start: dict = {"type": "text", "text": ""}
         deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"], rng, False)]
+    elif kind == "thinking":
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [{"type": "thinking_delta", "thinking": piece} for piece in _pieces(block["thinking"], rng, False)]
+        deltas.append({"type": "signature_delta", "signature": block["signature"]})
     elif _is_declaration(block):
-        start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
+        start = {"type": kind, "name": block["name"], "input": {}}
+        if "id" in block:
+            start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
         deltas = [
             {"type": "input_json_delta", "partial_json": piece}
             for piece in _pieces(_to_json(block["input"]), rng, rng.random() < 0.5)

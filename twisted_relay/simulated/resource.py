@@ -11,6 +11,7 @@ has (the stateful ledger, the last requests received); its
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 from collections import deque
 from typing import Any, NamedTuple
@@ -35,8 +36,10 @@ from twisted_relay.simulated.model import (
     ConversationLedger,
     ModelOptions,
     Rejection,
+    check_id_pattern,
     check_shape,
     check_strict_ids,
+    check_thinking,
     compose_answer,
     conversation_key,
     count_tokens,
@@ -105,6 +108,15 @@ class SimulatedUpstream:
         ``thread`` field is ignored), ``rejects`` (400 naming the field) or
         ``knows`` (kept and honoured); see
         :mod:`twisted_relay.simulated.threads`.
+    :param id_pattern: a regular expression every ``tool_use`` id and
+        ``tool_result.tool_use_id`` must match (in every mode; strict mode
+        otherwise checks Anthropic's ``^[a-zA-Z0-9_-]+$``).
+    :param left_out_ids: ``never``, ``empty``, ``absent`` or ``some``: emit
+        ``tool_use`` blocks with an empty or no id.
+    :param thinking_secret: sign thinking blocks with it (the answer to a
+        request with thinking on starts with one) and refuse, in every mode,
+        thinking it did not sign and a tool loop whose final assistant
+        message does not start with thinking, as Anthropic does.
 
     :ivar requests: the last requests received, oldest first, as
         :class:`ReceivedRequest`.
@@ -127,6 +139,9 @@ class SimulatedUpstream:
         require_key: str | None = None,
         keep_requests: int = 100,
         threads: str = "ignore",
+        id_pattern: str | None = None,
+        left_out_ids: str = "never",
+        thinking_secret: str | None = None,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
@@ -142,7 +157,12 @@ class SimulatedUpstream:
             parallel=parallel,
             server_tools=server_tools,
             lookalikes=lookalikes,
+            left_out_ids=left_out_ids,
+            thinking_secret=thinking_secret,
         )
+        if id_pattern is not None:
+            re.compile(id_pattern)
+        self.id_pattern = id_pattern
         self.event_delay = event_delay
         self.split = split
         self.line_ending = line_ending
@@ -189,12 +209,22 @@ class SimulatedUpstream:
             raise Rejection(401, "authentication_error", "invalid x-api-key")
 
     def _check(self, body: Any, headers: dict[str, str], for_count: bool) -> str | None:
-        """Validate as the mode demands; return the stateful conversation key."""
+        """
+        Validate as the mode demands, and the id pattern and thinking
+        signatures when asked for (in every mode); return the stateful
+        conversation key.
+        """
+        if self.id_pattern is not None or (self.options.thinking_secret is not None and not for_count):
+            check_shape(body, for_count=for_count)
+            if self.id_pattern is not None:
+                check_id_pattern(body["messages"], self.id_pattern)
+            if self.options.thinking_secret is not None and not for_count:
+                check_thinking(body, self.options.thinking_secret)
         if self.mode == "lenient":
             return None
         check_shape(body, for_count=for_count)
         if self.mode == "strict":
-            check_strict_ids(body["messages"])
+            check_strict_ids(body["messages"], check_pattern=self.id_pattern is None)
             return None
         key = conversation_key(headers.get("x-claude-code-session-id"), body)
         self._ledger.check(key, body["messages"])
