@@ -16,6 +16,7 @@ from twisted.application.service import MultiService, Service
 from twisted.internet import endpoints
 from twisted.logger import Logger
 from twisted.internet.defer import DeferredList, maybeDeferred, succeed
+from twisted.internet.task import deferLater
 
 from twisted_relay._version import __version__
 from twisted_relay.app import RelayApp
@@ -93,10 +94,12 @@ class _RelayService(MultiService):
 
     log = Logger()
 
-    def __init__(self, app: RelayApp, grace: float):
+    def __init__(self, app: RelayApp, grace: float, *, reactor=None, drain_delay: float = 0.0):
         super().__init__()
         self._app = app
         self._grace = grace
+        self._reactor = reactor
+        self._drain_delay = drain_delay
 
     def stopService(self):
         Service.stopService(self)
@@ -117,11 +120,26 @@ class _RelayService(MultiService):
                     d.addCallback(lambda _, service=service: service.stopService())
             return d
 
-        # Stop accepting; tell the other workers to stop, and let them drain
-        # their requests while this process drains its own; then wait for
-        # them before closing what they may still use (the simulated upstream).
-        d = stop_all(listeners)
+        # Say 503 at /ready, and go on accepting for the drain delay, so that
+        # a load balancer sees it and moves on; then stop accepting; tell
+        # the other workers to stop (they drain the same way), and let them
+        # drain their requests while this process drains its own; then wait
+        # for them before closing what they may still use (the simulated
+        # upstream).
+        self._app.begin_draining()
+        self.log.info(
+            "Draining: /ready answers 503; accepting for {drain_delay:g}s more, "
+            "then finishing {in_flight} requests in flight (within {grace:g}s)",
+            drain_delay=self._drain_delay,
+            in_flight=self._app.in_flight,
+            grace=self._grace,
+        )
         workers_ended = stop_all(workers)
+        if self._drain_delay > 0 and listeners:
+            d = deferLater(self._reactor, self._drain_delay, lambda: None)
+        else:
+            d = succeed(None)
+        d.addCallback(lambda _: stop_all(listeners))
         d.addCallback(lambda _: self._app.drain(self._grace))
         d.addCallback(lambda _: workers_ended)
         d.addCallback(stop_rest)
@@ -171,7 +189,9 @@ class Relay:
         self.metrics = RelayMetrics(self.dumps)
         self.app = RelayApp(config, self.client, reactor=reactor, dumps=self.dumps, metrics=self.metrics)
 
-        self.service = _RelayService(self.app, config.shutdown_grace)
+        self.service = _RelayService(
+            self.app, config.shutdown_grace, reactor=reactor, drain_delay=config.drain_delay
+        )
         _UpstreamPoolService(self.client).setServiceParent(self.service)
         if config.gc_tuning:
             GarbageCollectorTuning().setServiceParent(self.service)

@@ -123,6 +123,13 @@ class Options(usage.Options):
         ["max-retry-wait", None, "60", "Longest retry-after the relay waits out before passing it on."],
         ["shutdown-grace", None, "30", "Seconds requests in flight may go on after the relay is told to stop."],
         [
+            "drain-delay",
+            None,
+            "5",
+            "Seconds the relay goes on accepting after it is told to stop, while /ready already "
+            "says 503, so that a load balancer moves on (0: stop accepting at once).",
+        ],
+        [
             "workers",
             None,
             "1",
@@ -255,6 +262,7 @@ class Options(usage.Options):
             retry_statuses=retry_statuses,
             max_retry_wait=_positive("max-retry-wait", self["max-retry-wait"], allow_zero=True),
             shutdown_grace=_positive("shutdown-grace", self["shutdown-grace"], allow_zero=True),
+            drain_delay=_positive("drain-delay", self["drain-delay"], allow_zero=True),
             metrics=not self["no-metrics"],
             simulate=simulate,
             workers=workers,
