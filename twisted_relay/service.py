@@ -11,9 +11,13 @@ so the connection pool and the dump writer live and stop with it.
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
+
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet import endpoints
+from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.internet.defer import DeferredList, maybeDeferred, succeed
 from twisted.internet.task import deferLater
@@ -31,7 +35,28 @@ from twisted_relay.workers import ReusePortListener, WorkerProcesses
 # The services that accept connections: stopped before anything else.
 _LISTENERS = (StreamServerEndpointService, ReusePortListener)
 
-__all__ = ["Relay", "RelaySite", "make_service"]
+__all__ = ["Relay", "RelaySite", "StartupError", "make_service"]
+
+
+class StartupError(Exception):
+    """
+    The relay cannot start for a reason its user can fix (a port in use, a
+    folder that does not exist, a missing certificate); its text says so
+    in one line.
+    """
+
+
+def _reason(error: Exception) -> str:
+    """An OS error's own words (``Address already in use``), and the file it names."""
+    if isinstance(error, CannotListenError) and isinstance(error.socketError, Exception):
+        error = error.socketError
+    if isinstance(error, OSError) and error.strerror:
+        # (A failed link or rename names its second file too: the one that matters.)
+        filename = error.filename2 if error.filename2 is not None else error.filename
+        if filename is not None:
+            return "%s: %s" % (error.strerror, filename)
+        return error.strerror
+    return str(error)
 
 
 class _UpstreamPoolService(Service):
@@ -100,6 +125,39 @@ class _RelayService(MultiService):
         self._grace = grace
         self._reactor = reactor
         self._drain_delay = drain_delay
+        # Each listener's --listen description, for start-up errors.
+        self.descriptions: dict = {}
+        # Fields of the start-up line (a callable), or None for no line.
+        self.describe = None
+
+    @contextmanager
+    def _one_line_errors(self, service):
+        """Turn what a user can cause at start (a port in use...) into a :class:`StartupError`."""
+        try:
+            yield
+        except (CannotListenError, OSError) as e:
+            description = self.descriptions.get(service)
+            if description is not None:
+                raise StartupError("cannot listen on %s: %s" % (description, _reason(e))) from e
+            raise StartupError("cannot start: %s" % (_reason(e),)) from e
+
+    def privilegedStartService(self):
+        Service.privilegedStartService(self)
+        for service in self:
+            with self._one_line_errors(service):
+                service.privilegedStartService()
+
+    def startService(self):
+        Service.startService(self)
+        for service in self:
+            with self._one_line_errors(service):
+                service.startService()
+        if self.describe is not None:
+            self.log.info(
+                "twisted-relay {version} listening on {listen}; upstream {upstream} (ids: {upstream_ids}); "
+                "upstream key: {upstream_key}; relay keys: {relay_keys}; dumps: {dump_dir}; workers: {workers}",
+                **self.describe(),
+            )
 
     def stopService(self):
         Service.stopService(self)
@@ -215,9 +273,32 @@ class Relay:
                 listener = StreamServerEndpointService(endpoints.serverFromString(reactor, description), site)
                 # A port already in use stops twistd with a clear error at start.
                 listener._raiseSynchronously = True
+            self.service.descriptions[listener] = description
             listener.setServiceParent(self.service)
+        if not worker:
+            self.service.describe = self._startup_fields
         if config.workers > 1 and not worker and shared:
             WorkerProcesses(reactor, config, shared, lambda: self.client.base_url).setServiceParent(self.service)
+
+    def _startup_fields(self) -> dict:
+        """What the start-up line says: never a key, only whether there is one."""
+        config = self.config
+        if config.simulate:
+            upstream = "simulated:%s at %s" % (config.simulate, self.client.base_url)
+        else:
+            upstream = display_url(config.upstream)
+        return {
+            "version": __version__,
+            "listen": ", ".join(config.listen) or "(mounted in another site)",
+            "upstream": upstream,
+            "upstream_ids": config.upstream_ids,
+            "upstream_key": "set" if config.upstream_key else "none (clients' own credentials pass through)",
+            "upstream_key_set": bool(config.upstream_key),
+            "relay_keys": ("%d" % len(config.relay_keys)) if config.relay_keys else "none (every client is let in)",
+            "relay_key_count": len(config.relay_keys),
+            "dump_dir": os.path.abspath(config.dump_dir) if config.dump_dir else "off",
+            "workers": config.workers,
+        }
 
     def resource(self):
         """The relay's web resource, for mounting in another ``Site``."""

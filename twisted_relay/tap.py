@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from urllib.parse import urlsplit
 
 from twisted.python import usage
@@ -173,6 +174,15 @@ class Options(usage.Options):
         for description in listen:
             try:
                 serverFromString(reactor, description)
+            except IndexError:
+                if description.startswith("systemd:"):
+                    raise usage.UsageError(
+                        "--listen %r: systemd passed no socket at that index (run the relay from a "
+                        "systemd .socket unit, or under systemd-socket-activate)." % (description,)
+                    )
+                raise usage.UsageError("--listen %r is not a valid endpoint." % (description,))
+            except OSError as e:
+                raise usage.UsageError("--listen %r: %s: %s" % (description, e.strerror or e, e.filename or ""))
             except (ValueError, TypeError, KeyError) as e:
                 raise usage.UsageError("--listen %r is not a valid endpoint: %s" % (description, e))
 
@@ -277,8 +287,29 @@ class Options(usage.Options):
         )
 
 
+def _say_startup_errors_in_one_line() -> None:
+    """
+    Under twistd, a :class:`StartupError` (a port in use...) ends the
+    process with its one line instead of a traceback; twistd has removed
+    its pidfile by then.
+    """
+    from twisted_relay.service import StartupError
+
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if isinstance(value, StartupError):
+            sys.stderr.write("twistd relay: %s\n" % (value,))
+            sys.stderr.flush()
+        else:
+            previous(kind, value, traceback)
+
+    sys.excepthook = hook
+
+
 def makeService(options: Options, reactor=None):
     """Make the relay's service from parsed ``twistd relay`` options."""
     from twisted_relay.service import make_service
 
+    _say_startup_errors_in_one_line()
     return make_service(options.config, reactor)

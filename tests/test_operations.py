@@ -1,0 +1,283 @@
+"""
+Tests for running the relay as a service, as a new user would: ``twistd
+relay`` as its own process on 127.0.0.1, its JSON log as a log shipper
+reads it, its start-up line, its start-up failures, and twistd's pidfile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from twisted_relay.logs import event_as_json
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def twistd(*args: str) -> list[str]:
+    """The command line of ``twistd ARGS`` with this interpreter."""
+    return [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", *args]
+
+
+def wait_until_up(port: int, process: subprocess.Popen, seconds: float = 20.0) -> None:
+    """Wait until ``/health`` answers on ``port``; fail if the process ends first."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError("the relay ended at start, status %s" % (process.returncode,))
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/health" % (port,), timeout=2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("the relay did not answer on port %d within %g s" % (port, seconds))
+
+
+def stop(process: subprocess.Popen, seconds: float = 20.0) -> int:
+    """SIGTERM, then SIGKILL after ``seconds``; the exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait()
+
+
+def post(port: int, body: bytes, headers: dict | None = None) -> tuple[int, bytes]:
+    """POST a Messages body; the status and the body, errors included."""
+    request = urllib.request.Request(
+        "http://127.0.0.1:%d/v1/messages" % (port,),
+        data=body,
+        headers={"content-type": "application/json", "anthropic-version": "2023-06-01", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+_HELLO = json.dumps(
+    {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+).encode()
+
+
+class JSONLogRunTests(SynchronousTestCase):
+    """``twistd -n --logger twisted_relay.logs.json_stdout relay``, read the way a log shipper does."""
+
+    def test_every_line_is_json(self):
+        """
+        A whole run (start, answered and refused requests, an upstream 4xx
+        dumped, SIGTERM, drain, stop): every line of standard output
+        parses with ``json.loads`` into an object with an ISO 8601 time, a
+        level and a message, and no Twisted internals; the start-up line
+        names the listen address, the upstream, the id policy, whether keys
+        are set, the dump folder and the workers; no key appears anywhere.
+        """
+        folder = os.path.abspath(self.mktemp())
+        os.makedirs(folder)
+        with open(os.path.join(folder, "keys"), "w") as f:
+            f.write("relay-key-0123456789\n")
+        port = free_port()
+        out_path = os.path.join(folder, "out.log")
+        with open(out_path, "wb") as out:
+            process = subprocess.Popen(
+                twistd(
+                    "-n", "--pidfile=", "--logger", "twisted_relay.logs.json_stdout", "relay",
+                    "--simulate", "strict", "--listen", "tcp:%d:interface=127.0.0.1" % (port,),
+                    "--relay-keys", "keys", "--dump-dir", "dumps", "--drain-delay", "0.2",
+                ),
+                cwd=folder,
+                stdout=out,
+                stderr=subprocess.PIPE,
+                env={**os.environ, "TWISTED_RELAY_UPSTREAM_KEY": "upstream-key-9876543210"},
+            )
+            self.addCleanup(lambda: process.poll() is None and (process.kill(), process.wait()))
+            wait_until_up(port, process)
+            key = {"x-api-key": "relay-key-0123456789"}
+            self.assertEqual(post(port, _HELLO, key)[0], 200)
+            self.assertEqual(post(port, _HELLO)[0], 401)
+            self.assertEqual(post(port, b"{not json", key)[0], 400)
+            # A history whose tool-use ids repeat: the strict upstream refuses it, the relay dumps it.
+            duplicate = {"type": "tool_use", "id": "toolu_same", "name": "f", "input": {}}
+            history = json.dumps({
+                "model": "claude-sonnet-4-5", "max_tokens": 64,
+                "messages": [
+                    {"role": "user", "content": "go"},
+                    {"role": "assistant", "content": [duplicate, duplicate]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_same", "content": "x"},
+                        {"type": "tool_result", "tool_use_id": "toolu_same", "content": "y"},
+                    ]},
+                ],
+            }).encode()
+            post(port, history, key)
+            self.assertIn(stop(process), (0, -signal.SIGTERM))
+            errors = process.stderr.read()
+            process.stderr.close()
+        self.assertEqual(errors, b"")
+        text = open(out_path, "rb").read().decode("utf-8")
+        lines = text.splitlines()
+        self.assertGreater(len(lines), 5)
+        events = []
+        for line in lines:
+            event = json.loads(line)  # raises on any line that is not JSON
+            self.assertIsInstance(event, dict)
+            self.assertEqual(set(event) & {"log_logger", "log_flattened", "log_format", "__class_uuid__"}, set())
+            self.assertFalse([k for k in event if k.startswith("log_")], event)
+            self.assertRegex(event["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$")
+            self.assertIn(event["level"], ("debug", "info", "warn", "error", "critical"))
+            self.assertIsInstance(event["message"], str)
+            events.append(event)
+        self.assertNotIn("\x1e", text)
+        self.assertNotIn("relay-key-0123456789", text)
+        self.assertNotIn("upstream-key-9876543210", text)
+
+        (start,) = [e for e in events if e["message"].startswith("twisted-relay ") and "listening on" in e["message"]]
+        self.assertEqual(start["listen"], "tcp:%d:interface=127.0.0.1" % (port,))
+        self.assertRegex(start["upstream"], r"^simulated:strict at http://127\.0\.0\.1:\d+$")
+        self.assertEqual(start["upstream_ids"], "unique")
+        self.assertIs(start["upstream_key_set"], True)
+        self.assertEqual(start["relay_key_count"], 1)
+        self.assertEqual(start["dump_dir"], os.path.join(folder, "dumps"))
+        self.assertEqual(start["workers"], 1)
+        # The relay's own request events keep their named fields.
+        statuses = {e["status"] for e in events if e.get("method") == "POST" and "status" in e}
+        self.assertEqual(statuses, {200, 400, 401})
+        self.assertTrue(any(e["message"].startswith("Draining:") for e in events))
+
+
+class JSONEventTests(SynchronousTestCase):
+    """:func:`event_as_json` on odd events."""
+
+    def test_odd_values_and_failures(self):
+        """
+        Values JSON cannot hold become their text; a failure adds its
+        traceback; a legacy ``log.msg`` event gives its text as the message.
+        """
+        from twisted.logger import LogLevel
+        from twisted.python.failure import Failure
+
+        try:
+            1 / 0
+        except ZeroDivisionError:
+            failure = Failure()
+        event = {
+            "log_format": "odd {thing}", "log_level": LogLevel.error, "log_time": 0.0,
+            "log_namespace": "t", "thing": object(), "nested": {"a": [1, {2}]}, "log_failure": failure,
+        }
+        record = json.loads(event_as_json(event))
+        self.assertEqual(record["time"], "1970-01-01T00:00:00.000+00:00")
+        self.assertEqual(record["level"], "error")
+        self.assertTrue(record["message"].startswith("odd <object"))
+        self.assertIsInstance(record["nested"], str)
+        self.assertIn("ZeroDivisionError", record["traceback"])
+        legacy = {"message": ("plain text",), "isError": 0, "system": "-", "time": 0.0,
+                  "log_time": 0.0, "log_level": LogLevel.info, "log_format": "{log_text}", "log_text": "plain text"}
+        record = json.loads(event_as_json(legacy))
+        self.assertEqual(record["message"], "plain text")
+        self.assertEqual(set(record), {"time", "level", "message", "namespace"})
+
+
+class StartupFailureTests(SynchronousTestCase):
+    """What a user can get wrong at start is one clear line, never a traceback."""
+
+    def run_relay(self, *args: str, folder: str | None = None) -> tuple[int, str]:
+        folder = folder or os.path.abspath(self.mktemp())
+        os.makedirs(folder, exist_ok=True)
+        result = subprocess.run(
+            twistd("-n", "--pidfile=", "relay", "--simulate", "strict", "--no-dumps", *args),
+            cwd=folder, capture_output=True, timeout=30,
+        )
+        return result.returncode, (result.stdout + result.stderr).decode("utf-8", "replace")
+
+    def test_port_in_use(self):
+        """A port already taken: exit status 1 and one line naming the address and the reason."""
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            status, output = self.run_relay("--listen", "tcp:%d:interface=127.0.0.1" % (port,))
+        self.assertEqual(status, 1)
+        self.assertNotIn("Traceback", output)
+        errors = [line for line in output.splitlines() if "twistd relay:" in line]
+        self.assertEqual(len(errors), 1, output)
+        self.assertIn(
+            "twistd relay: cannot listen on tcp:%d:interface=127.0.0.1: Address already in use" % (port,),
+            errors[0],
+        )
+
+    def test_unix_socket_in_a_missing_folder(self):
+        """A unix socket whose folder does not exist: one line naming it."""
+        status, output = self.run_relay("--listen", "unix:no/such/folder/relay.sock")
+        self.assertEqual(status, 1)
+        self.assertNotIn("Traceback", output)
+        self.assertIn("twistd relay: cannot listen on unix:no/such/folder/relay.sock: No such file", output)
+
+    def test_endpoint_errors_found_while_parsing(self):
+        """
+        A missing TLS certificate, and a ``systemd:`` address with no socket
+        passed: the option's error, naming the address, without a traceback.
+        """
+        status, output = self.run_relay("--listen", "ssl:0:privateKey=missing.pem:certKey=missing.pem")
+        self.assertNotIn("Traceback", output)
+        self.assertIn("No such file or directory", output.splitlines()[-1])
+        env_free = {k: v for k, v in os.environ.items() if not k.startswith("LISTEN_")}
+        result = subprocess.run(
+            twistd("-n", "--pidfile=", "relay", "--listen", "systemd:domain=INET:index=0"),
+            capture_output=True, timeout=30, env=env_free,
+        )
+        output = (result.stdout + result.stderr).decode()
+        self.assertNotIn("Traceback", output)
+        self.assertIn("systemd passed no socket", output.splitlines()[-1])
+
+
+class PidfileTests(SynchronousTestCase):
+    """Two relays in one folder, as docs/operations.md tells."""
+
+    def test_second_relay_in_one_folder(self):
+        """
+        twistd's default pidfile (``twistd.pid``) keeps a second relay in the
+        same folder from starting; with ``--pidfile=`` (or its own pidfile) it runs.
+        """
+        folder = os.path.abspath(self.mktemp())
+        os.makedirs(folder)
+        first_port, second_port = free_port(), free_port()
+        common = ("relay", "--simulate", "strict", "--no-dumps", "--drain-delay", "0")
+        first = subprocess.Popen(
+            twistd("-n", *common, "--listen", "tcp:%d:interface=127.0.0.1" % (first_port,)),
+            cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.addCleanup(lambda: first.poll() is None and (first.kill(), first.wait()))
+        wait_until_up(first_port, first)
+        refused = subprocess.run(
+            twistd("-n", *common, "--listen", "tcp:%d:interface=127.0.0.1" % (second_port,)),
+            cwd=folder, capture_output=True, timeout=30,
+        )
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn(b"Another twistd server is running", refused.stdout + refused.stderr)
+        second = subprocess.Popen(
+            twistd("-n", "--pidfile=second.pid", *common, "--listen", "tcp:%d:interface=127.0.0.1" % (second_port,)),
+            cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.addCleanup(lambda: second.poll() is None and (second.kill(), second.wait()))
+        wait_until_up(second_port, second)
+        self.assertTrue(os.path.exists(os.path.join(folder, "second.pid")))
+        self.assertIn(stop(second), (0, -signal.SIGTERM))
+        self.assertIn(stop(first), (0, -signal.SIGTERM))
+        self.assertFalse(os.path.exists(os.path.join(folder, "twistd.pid")))
