@@ -6,12 +6,14 @@ reads it, its start-up line, its start-up failures, and twistd's pidfile.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -281,3 +283,110 @@ class PidfileTests(SynchronousTestCase):
         self.assertIn(stop(second), (0, -signal.SIGTERM))
         self.assertIn(stop(first), (0, -signal.SIGTERM))
         self.assertFalse(os.path.exists(os.path.join(folder, "twistd.pid")))
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (port,), timeout=5) as response:
+        return response.read().decode("utf-8")
+
+
+def _sample(exposition: str, line_start: str) -> float | None:
+    """The value of the first sample whose line starts with ``line_start``."""
+    for line in exposition.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+class MetricsAcrossWorkersTests(SynchronousTestCase):
+    """``/metrics`` under ``twistd relay --workers 2``: any process answers with the totals."""
+
+    def test_totals_whichever_process_answers(self):
+        """
+        After N requests spread over both processes, every scrape, over a
+        fresh connection each (so either process answers), shows N; the
+        shared folder starts empty of earlier runs' files; a worker killed
+        outright loses its live gauges there but not its counts; the folder
+        is removed when the relay stops, if the relay made it.
+        """
+        folder = os.path.abspath(self.mktemp())
+        metrics_folder = os.path.join(folder, "metrics")
+        os.makedirs(metrics_folder)
+        stale = os.path.join(metrics_folder, "counter_999999.db")
+        with open(stale, "wb") as f:
+            f.write(b"left by an earlier run")
+        port = free_port()
+        log_path = os.path.join(folder, "relay.log")
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                twistd(
+                    "-n", "--pidfile=", "relay", "--simulate", "strict", "--workers", "2", "--no-dumps",
+                    "--drain-delay", "0", "--listen", "tcp:%d:interface=127.0.0.1" % (port,),
+                ),
+                cwd=folder, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_folder},
+            )
+            self.addCleanup(lambda: process.poll() is None and (process.kill(), process.wait()))
+            pids: set[int] = set()
+            deadline = time.monotonic() + 30
+            while len(pids) < 2 and time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen("http://127.0.0.1:%d/health" % (port,), timeout=2) as r:
+                        pids.add(json.loads(r.read())["pid"])
+                except OSError:
+                    time.sleep(0.05)
+            self.assertEqual(len(pids), 2)
+            self.assertFalse(os.path.exists(stale))
+
+            n = 24
+            for _ in range(n):
+                self.assertEqual(post(port, _HELLO)[0], 200)
+            text = open(log_path, "rb").read()
+            by_worker = text.count(b"[worker-1] POST /v1/messages 200")
+            self.assertTrue(0 < by_worker < n, "the kernel sent all %d requests to one process" % (n,))
+            series = 'relay_requests_total{route="messages",status="200"}'
+            seen = [_sample(_scrape(port), series) for _ in range(12)]
+            self.assertEqual(seen, [float(n)] * 12)
+
+            (worker,) = pids - {process.pid}
+            self.assertTrue(glob_one(metrics_folder, "gauge_livesum_%d.db" % (worker,)))
+            os.kill(worker, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while glob_one(metrics_folder, "gauge_livesum_%d.db" % (worker,)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertFalse(glob_one(metrics_folder, "gauge_livesum_%d.db" % (worker,)))
+            self.assertTrue(glob_one(metrics_folder, "counter_%d.db" % (worker,)))
+            self.assertEqual(_sample(_scrape(port), series), float(n))
+            self.assertIn(stop(process), (0, -signal.SIGTERM))
+        # The folder was the user's: kept (its files are the next start's to clear).
+        self.assertTrue(os.path.isdir(metrics_folder))
+
+    def test_own_folder_removed(self):
+        """Without ``$PROMETHEUS_MULTIPROC_DIR`` the first process makes a folder and removes it at the end."""
+        folder = os.path.abspath(self.mktemp())
+        os.makedirs(folder)
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if k.upper() != "PROMETHEUS_MULTIPROC_DIR"}
+        with open(os.path.join(folder, "relay.log"), "wb") as log:
+            process = subprocess.Popen(
+                twistd(
+                    "-n", "--pidfile=", "relay", "--simulate", "strict", "--workers", "2", "--no-dumps",
+                    "--drain-delay", "0", "--listen", "tcp:%d:interface=127.0.0.1" % (port,),
+                ),
+                cwd=folder, stdout=log, stderr=subprocess.STDOUT, env=env,
+            )
+            self.addCleanup(lambda: process.poll() is None and (process.kill(), process.wait()))
+            wait_until_up(port, process)
+            self.assertEqual(post(port, _HELLO)[0], 200)
+            made = [
+                path for path in glob.glob(os.path.join(tempfile.gettempdir(), "twisted-relay-metrics-*"))
+                if glob_one(path, "*_%d.db" % (process.pid,))
+            ]
+            self.assertEqual(len(made), 1)
+            self.assertIn(stop(process), (0, -signal.SIGTERM))
+        self.assertFalse(os.path.exists(made[0]))
+
+
+def glob_one(folder: str, pattern: str) -> bool:
+    """Whether ``folder`` holds a file matching ``pattern``."""
+    return bool(glob.glob(os.path.join(folder, pattern)))

@@ -114,7 +114,7 @@ class RelayApp:
         self._dumps = dumps
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Read when scraped: no work per request.
-        self.metrics.active_requests.set_function(lambda: len(self._active))
+        self.metrics.watch_active_requests(lambda: len(self._active))
         self._relay_keys = tuple(key.encode("utf-8") for key in config.relay_keys)
         self._active: set = set()
         self._draining = False

@@ -27,7 +27,7 @@ from twisted_relay.app import RelayApp
 from twisted_relay.config import RelayConfig
 from twisted_relay.dumps import DumpWriter
 from twisted_relay.gctuning import GarbageCollectorTuning
-from twisted_relay.metrics import RelayMetrics
+from twisted_relay.metrics import RelayMetrics, SharedMetricsFolder
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient, display_url
 from twisted_relay.workers import ReusePortListener, WorkerProcesses
@@ -244,12 +244,22 @@ class Relay:
                     "upstream_ids": config.upstream_ids,
                 },
             )
+        shared_metrics = None
+        if config.metrics and config.workers > 1 and not worker:
+            # Before any metric exists: they write to the workers' shared folder.
+            shared_metrics = SharedMetricsFolder()
         self.metrics = RelayMetrics(self.dumps)
         self.app = RelayApp(config, self.client, reactor=reactor, dumps=self.dumps, metrics=self.metrics)
 
         self.service = _RelayService(
             self.app, config.shutdown_grace, reactor=reactor, drain_delay=config.drain_delay
         )
+        if shared_metrics is not None:
+            # Stopped last: removed once every worker has ended.
+            shared_metrics.setServiceParent(self.service)
+        sync = self.metrics.sync_service()
+        if sync is not None:
+            sync.setServiceParent(self.service)
         _UpstreamPoolService(self.client).setServiceParent(self.service)
         if config.gc_tuning:
             GarbageCollectorTuning().setServiceParent(self.service)
