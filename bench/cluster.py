@@ -126,6 +126,7 @@ class Report:
     served_by: dict = field(default_factory=dict)
     served_by_stopped_before_stop: int = 0
     resent_by_nginx: int = 0
+    resend_reasons: dict = field(default_factory=dict)
     stopped: str = ""
     in_flight_at_stop: int = 0
     stopped_exit_status: int | None = None
@@ -141,7 +142,9 @@ class Report:
             "it exited with status %s, %.1f s after the signal"
             % (self.stopped, self.in_flight_at_stop, self.served_by_stopped_before_stop,
                self.stopped_exit_status, self.stop_seconds),
-            "requests nginx sent to a second relay: %d" % (self.resent_by_nginx,),
+            "requests nginx sent to a second relay: %d (nginx's reasons: %s)"
+            % (self.resent_by_nginx, ", ".join("%s: %d" % item for item in sorted(self.resend_reasons.items()))
+               or "none"),
             "wall time: %.1f s" % (self.seconds,),
         ] + ["failure: %s" % (f,) for f in self.failed[:10]]
 
@@ -250,6 +253,16 @@ class Cluster:
                 counts[addresses[-1]] = counts.get(addresses[-1], 0) + 1
         return counts, resent
 
+    def resend_reasons(self) -> dict:
+        """Why nginx gave up on a relay for a request, from its error log: reason -> count."""
+        reasons: dict[str, int] = {}
+        with open(os.path.join(self.folder, "nginx-error.log")) as f:
+            for line in f:
+                found = re.search(r"\[error\] \S+ \*\d+ (.*?)(?: while |, client:)", line)
+                if found:
+                    reasons[found.group(1)] = reasons.get(found.group(1), 0) + 1
+        return reasons
+
 
 def _session(base_url: str, turns: int, number: int, progress: list, failures: list) -> None:
     import anthropic
@@ -341,6 +354,7 @@ def run(folder: str, sessions: int, turns: int, *, event_delay: float = 0.003, d
         report.turns = len(progress)
         report.failed = failures
         report.served_by, report.resent_by_nginx = cluster.served_by()
+        report.resend_reasons = cluster.resend_reasons()
     finally:
         cluster.stop()
         report.seconds = time.monotonic() - started

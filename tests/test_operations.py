@@ -236,7 +236,7 @@ class StartupFailureTests(SynchronousTestCase):
         A missing TLS certificate, and a ``systemd:`` address with no socket
         passed: the option's error, naming the address, without a traceback.
         """
-        status, output = self.run_relay("--listen", "ssl:0:privateKey=missing.pem:certKey=missing.pem")
+        _, output = self.run_relay("--listen", "ssl:0:privateKey=missing.pem:certKey=missing.pem")
         self.assertNotIn("Traceback", output)
         self.assertIn("No such file or directory", output.splitlines()[-1])
         env_free = {k: v for k, v in os.environ.items() if not k.startswith("LISTEN_")}

@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet import endpoints
-from twisted.internet.error import CannotListenError
-from twisted.logger import Logger
 from twisted.internet.defer import DeferredList, maybeDeferred, succeed
+from twisted.internet.error import CannotListenError
 from twisted.internet.task import deferLater
+from twisted.logger import Logger
 
 from twisted_relay._version import __version__
 from twisted_relay.app import RelayApp
