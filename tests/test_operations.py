@@ -203,26 +203,33 @@ class StartupFailureTests(SynchronousTestCase):
         folder = folder or os.path.abspath(self.mktemp())
         os.makedirs(folder, exist_ok=True)
         result = subprocess.run(
-            twistd("-n", "--pidfile=", "relay", "--simulate", "strict", "--no-dumps", *args),
+            twistd("-n", "--pidfile=", "relay", "--simulate", "strict", *args),
             cwd=folder, capture_output=True, timeout=30,
         )
         return result.returncode, (result.stdout + result.stderr).decode("utf-8", "replace")
 
     def test_port_in_use(self):
-        """A port already taken: exit status 1 and one line naming the address and the reason."""
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
-            taken.listen()
-            port = taken.getsockname()[1]
-            status, output = self.run_relay("--listen", "tcp:%d:interface=127.0.0.1" % (port,))
-        self.assertEqual(status, 1)
-        self.assertNotIn("Traceback", output)
-        errors = [line for line in output.splitlines() if "twistd relay:" in line]
-        self.assertEqual(len(errors), 1, output)
-        self.assertIn(
-            "twistd relay: cannot listen on tcp:%d:interface=127.0.0.1: Address already in use" % (port,),
-            errors[0],
-        )
+        """
+        A port already taken, with one process or with workers (whose
+        dumps' thread must not keep the process alive): exit status 1 and
+        one line naming the address and the reason.
+        """
+        for extra in ((), ("--workers", "2")):
+            with socket.socket() as taken:
+                taken.bind(("127.0.0.1", 0))
+                taken.listen()
+                port = taken.getsockname()[1]
+                status, output = self.run_relay(
+                    "--listen", "tcp:%d:interface=127.0.0.1" % (port,), *extra
+                )
+            self.assertEqual(status, 1, output)
+            self.assertNotIn("Traceback", output)
+            errors = [line for line in output.splitlines() if "twistd relay:" in line]
+            self.assertEqual(len(errors), 1, output)
+            self.assertIn(
+                "twistd relay: cannot listen on tcp:%d:interface=127.0.0.1: Address already in use" % (port,),
+                errors[0],
+            )
 
     def test_unix_socket_in_a_missing_folder(self):
         """A unix socket whose folder does not exist: one line naming it."""

@@ -149,9 +149,28 @@ class _RelayService(MultiService):
 
     def startService(self):
         Service.startService(self)
-        for service in self:
-            with self._one_line_errors(service):
-                service.startService()
+        started = []
+        # Listeners first: a port in use fails the start before anything
+        # else runs (nothing is served before the whole start is done).
+        services = sorted(self, key=lambda service: not isinstance(service, _LISTENERS))
+        try:
+            for service in services:
+                with self._one_line_errors(service):
+                    service.startService()
+                started.append(service)
+        except StartupError:
+            # Stop what did start (the dump writer's threads would keep the
+            # process alive), then let the error end the process.
+            for service in reversed(started):
+                try:
+                    service.stopService()
+                except Exception:
+                    self.log.failure("Stopping {service} after a failed start", service=service)
+            for service in self:
+                if isinstance(service, SharedMetricsFolder) and service not in started:
+                    # Made when the relay was built: removed even if never started.
+                    service.stopService()
+            raise
         if self.describe is not None:
             self.log.info(
                 "twisted-relay {version} listening on {listen}; upstream {upstream} (ids: {upstream_ids}); "

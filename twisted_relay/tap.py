@@ -296,6 +296,8 @@ def _say_startup_errors_in_one_line() -> None:
     from twisted_relay.service import StartupError
 
     previous = sys.excepthook
+    if getattr(previous, "relay_startup_errors", False):
+        return
 
     def hook(kind, value, traceback):
         if isinstance(value, StartupError):
@@ -304,6 +306,7 @@ def _say_startup_errors_in_one_line() -> None:
         else:
             previous(kind, value, traceback)
 
+    hook.relay_startup_errors = True
     sys.excepthook = hook
 
 
