@@ -238,22 +238,30 @@ class StartupFailureTests(SynchronousTestCase):
         self.assertNotIn("Traceback", output)
         self.assertIn("twistd relay: cannot listen on unix:no/such/folder/relay.sock: No such file", output)
 
-    def test_endpoint_errors_found_while_parsing(self):
+    def test_option_errors(self):
         """
-        A missing TLS certificate, and a ``systemd:`` address with no socket
-        passed: the option's error, naming the address, without a traceback.
+        A bad option value, an unknown option, a missing TLS certificate, a
+        ``systemd:`` address with no socket passed: exit status 1 and one
+        line that says what is wrong (not twistd's whole help).
         """
-        _, output = self.run_relay("--listen", "ssl:0:privateKey=missing.pem:certKey=missing.pem")
-        self.assertNotIn("Traceback", output)
-        self.assertIn("No such file or directory", output.splitlines()[-1])
         env_free = {k: v for k, v in os.environ.items() if not k.startswith("LISTEN_")}
-        result = subprocess.run(
-            twistd("-n", "--pidfile=", "relay", "--listen", "systemd:domain=INET:index=0"),
-            capture_output=True, timeout=30, env=env_free,
-        )
-        output = (result.stdout + result.stderr).decode()
-        self.assertNotIn("Traceback", output)
-        self.assertIn("systemd passed no socket", output.splitlines()[-1])
+        cases = [
+            (("--upstream", "ftp://example"), "--upstream must be an http:// or https:// URL"),
+            (("--no-such-option",), "no-such-option"),
+            (("--listen", "ssl:0:privateKey=missing.pem:certKey=missing.pem"), "No such file or directory"),
+            (("--listen", "systemd:domain=INET:index=0"), "systemd passed no socket"),
+        ]
+        for args, words in cases:
+            result = subprocess.run(
+                twistd("-n", "--pidfile=", "relay", *args), capture_output=True, timeout=30, env=env_free,
+            )
+            output = (result.stdout + result.stderr).decode()
+            self.assertEqual(result.returncode, 1, output)
+            self.assertNotIn("Traceback", output)
+            lines = output.splitlines()
+            self.assertEqual(len(lines), 1, output)
+            self.assertTrue(lines[0].startswith("twistd relay: "), output)
+            self.assertIn(words, lines[0])
 
 
 class PidfileTests(SynchronousTestCase):

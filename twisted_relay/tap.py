@@ -156,6 +156,19 @@ class Options(usage.Options):
         super().__init__()
         self["listen"] = []
 
+    def parseOptions(self, options=None):
+        """
+        Parse the options; under twistd, an error is one line and exit
+        status 1 (twistd itself would print its whole help before the
+        message).
+        """
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            if self.parent is None:
+                raise
+            raise SystemExit("twistd relay: %s (twistd relay --help lists every option)" % (e,))
+
     def opt_listen(self, description: str) -> None:
         """
         Endpoint to listen on (repeatable), e.g. tcp:8080:interface=127.0.0.1,
