@@ -250,7 +250,9 @@ class NginxRecipeTests(SynchronousTestCase):
         with open(os.path.join(prefix, "nginx.conf"), "w") as f:
             f.write(
                 "pid %s/nginx.pid;\nerror_log %s/error.log;\nevents {}\n"
-                "http { access_log off; include conf.d/twisted-relay.conf; }\n" % (prefix, prefix)
+                "http { access_log off; client_body_temp_path %s/tmp; proxy_temp_path %s/tmp;"
+                " fastcgi_temp_path %s/tmp; uwsgi_temp_path %s/tmp; scgi_temp_path %s/tmp;"
+                " include conf.d/twisted-relay.conf; }\n" % ((prefix,) * 7)
             )
         result = subprocess.run(
             [self.nginx, "-t", "-q", "-p", prefix, "-e", os.path.join(prefix, "error.log"),

@@ -32,8 +32,8 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from twisted_relay._json import dumps
 from twisted_relay._version import __version__
 from twisted_relay.config import RelayConfig
-from twisted_relay.errors import RelayError
 from twisted_relay.drain import close_after_answer
+from twisted_relay.errors import RelayError
 from twisted_relay.logs import bounded
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.sse import SSEGate
