@@ -152,14 +152,28 @@ class DrainTests(TestCase):
         self.assertTrue(await self.call(_refused, self.port))
 
     async def test_no_delay_stops_accepting_at_once(self):
-        """With a drain delay of 0 the relay stops accepting as soon as it is told to stop."""
+        """
+        With a drain delay of 0 the relay stops accepting as soon as it is
+        told to stop (its port closes on the reactor's next turn), while a
+        stream in flight goes on to its end.
+        """
         relay = self.start(drain_delay=0)
         conn = await self.call(_Connection, self.port)
         self.addCleanup(conn.close)
-        status, _, _ = await self.call(conn.ask, "GET", "/health")
-        self.assertEqual(status, 200)
+        stream_body = encode(messages_body(stream=True, tools=False, max_tokens=30))
+        stream_done = self.call(conn.ask, "POST", "/v1/messages", stream_body)
+        for _ in range(100):
+            if relay.app.in_flight:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(relay.app.in_flight, 1)
         stopped = relay.service.stopService()
+        await deferLater(reactor, 0.05, lambda: None)
         self.assertTrue(await self.call(_refused, self.port))
+        self.assertEqual(relay.app.in_flight, 1)
+        status, _, stream = await stream_done
+        self.assertEqual(status, 200)
+        self.assertIn(b"event: message_stop", stream)
         await stopped
 
 
