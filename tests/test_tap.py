@@ -37,7 +37,11 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual(config.max_body, 32 * MiB)
         self.assertIsNone(config.simulate)
         self.assertTrue(config.gc_tuning)
-        self.assertEqual(config, RelayConfig(simulate_options=config.simulate_options, gc_tuning=True))
+        # twistd-only defaults: the process-wide GC tuning, and a drain a load balancer sees.
+        self.assertEqual(config.drain_delay, 5.0)
+        self.assertEqual(
+            config, RelayConfig(simulate_options=config.simulate_options, gc_tuning=True, drain_delay=5.0)
+        )
 
     def test_every_option(self):
         """

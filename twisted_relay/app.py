@@ -33,6 +33,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from twisted_relay._json import to_json
 from twisted_relay._version import __version__
 from twisted_relay.config import RelayConfig
+from twisted_relay.drain import close_after_answer
 from twisted_relay.errors import RelayError
 from twisted_relay.logs import bounded
 from twisted_relay.metrics import RelayMetrics
@@ -113,7 +114,7 @@ class RelayApp:
         self._dumps = dumps
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Read when scraped: no work per request.
-        self.metrics.active_requests.set_function(lambda: len(self._active))
+        self.metrics.watch_active_requests(lambda: len(self._active))
         self._relay_keys = tuple(key.encode("utf-8") for key in config.relay_keys)
         self._secrets = config.secrets()
         self._active: set = set()
@@ -194,9 +195,23 @@ class RelayApp:
 
     # -- draining ---------------------------------------------------------
 
+    def begin_draining(self) -> None:
+        """
+        From now on ``/ready`` answers 503; requests are still served. The
+        connections of requests in flight close when their answers end.
+        """
+        self._draining = True
+        for request in self._active:
+            close_after_answer(request)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being relayed now."""
+        return len(self._active)
+
     def drain(self, grace: float) -> Deferred:
         """
-        Stop admitting requests; fire when those in flight are done, or
+        Say 503 at ``/ready``; fire when the requests in flight are done, or
         after ``grace`` seconds, when the connections of the rest are closed.
         """
         self._draining = True
@@ -244,8 +259,9 @@ class RelayApp:
 
     def _admit(self, request) -> None:
         """Refuse a request the relay must not take now, and say why."""
-        if self._draining:
-            raise RelayError(503, "The relay is shutting down; try again.", "overloaded_error")
+        # While draining, requests on connections still open are served (a
+        # load balancer does not resend a refused POST); each such
+        # connection closes as its answer ends (drain.py).
         if self._relay_keys and not self._key_allowed(request):
             raise RelayError(
                 401,
@@ -411,6 +427,8 @@ class _RelayResource(Resource):
             request_id = _new_request_id()
             request.setHeader(RELAY_REQUEST_ID_HEADER, request_id.encode("ascii"))
             return _whole(request, error.body(request_id))
+        if self._relay._draining:
+            close_after_answer(request)
         # Where the relay is mounted, for the upstream path.
         request.relay_mount = b"/".join(request.prepath)
         return self._klein.render(request)

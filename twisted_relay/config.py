@@ -169,6 +169,10 @@ class RelayConfig:
         longer ones are passed to the client.
     :ivar shutdown_grace: seconds streams in flight may go on after the
         relay is told to stop.
+    :ivar drain_delay: seconds the relay goes on accepting connections
+        after it is told to stop, while ``/ready`` already answers 503, so
+        that a load balancer sees it and sends elsewhere; 0 stops accepting
+        at once (``twistd relay`` waits 5 s by default).
     :ivar metrics: serve Prometheus metrics at ``/metrics``.
     :ivar simulate: run the embedded simulated upstream in this mode
         (``strict``, ``stateful`` or ``lenient``) and relay to it.
@@ -221,6 +225,7 @@ class RelayConfig:
     retry_statuses: tuple[int, ...] = (429, 500, 502, 503, 504, 529)
     max_retry_wait: float = 60.0
     shutdown_grace: float = 30.0
+    drain_delay: float = 0.0
     metrics: bool = True
     simulate: str | None = None
     simulate_options: dict = field(default_factory=dict)

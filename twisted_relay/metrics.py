@@ -5,14 +5,93 @@ Prometheus metrics of one relay, on a registry of its own.
 Each :class:`RelayMetrics` has its own ``CollectorRegistry``, so two relays in
 one process (or in one test run) never mix their figures. The exposition
 resource is ``prometheus_client``'s own Twisted resource.
+
+With several worker processes (``--workers``) the metrics use
+``prometheus_client``'s multiprocess mode: every process writes its values
+to files in one folder (``$PROMETHEUS_MULTIPROC_DIR``), which the first
+process creates (or empties) at start and removes when it stops, and any
+process answers ``/metrics`` with the totals of all of them. The gauges of
+requests and streams in flight are summed over the live processes
+(``livesum``); a worker that ends is marked dead as the library documents
+(its gauges go, its counters and histograms stay in the totals).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+import glob
+import os
+import shutil
+import tempfile
 
-__all__ = ["RelayMetrics"]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from twisted.application.internet import TimerService
+from twisted.application.service import Service
+
+__all__ = ["MULTIPROCESS_VARIABLE", "RelayMetrics", "SharedMetricsFolder", "forget_process"]
+
+#: The variable ``prometheus_client`` reads its multiprocess folder from.
+MULTIPROCESS_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+# Seconds between two copies of a process's own figures to the shared files.
+_SYNC_INTERVAL = 1.0
+
+
+def _multiprocess_folder() -> str | None:
+    return os.environ.get(MULTIPROCESS_VARIABLE) or None
+
+
+def _use_multiprocess_values() -> None:
+    """
+    Make metrics created from now on write to the shared folder
+    (``prometheus_client`` picks its value class when it is imported, from
+    the environment; the first process sets the variable later than that).
+    """
+    if not getattr(values.ValueClass, "_multiprocess", False):
+        values.ValueClass = values.MultiProcessValue()
+
+
+def forget_process(pid: int | None) -> None:
+    """A worker process has ended: drop its live gauges from the shared folder."""
+    folder = _multiprocess_folder()
+    if pid is not None and folder is not None:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid, folder)
+
+
+class SharedMetricsFolder(Service):
+    """
+    The folder of the workers' metrics files, set up by the first process
+    before any metric is created: ``$PROMETHEUS_MULTIPROC_DIR`` when set
+    (emptied of the files of earlier runs, as the library asks), else a new
+    temporary folder, removed when the relay stops.
+    """
+
+    def __init__(self):
+        self._previous_variable = os.environ.get(MULTIPROCESS_VARIABLE)
+        self._previous_values = values.ValueClass
+        folder = _multiprocess_folder()
+        if folder is not None:
+            os.makedirs(folder, exist_ok=True)
+            for path in glob.glob(os.path.join(folder, "*.db")):
+                os.remove(path)
+            self.created = False
+        else:
+            folder = tempfile.mkdtemp(prefix="twisted-relay-metrics-")
+            os.environ[MULTIPROCESS_VARIABLE] = folder
+            self.created = True
+        self.path = folder
+        _use_multiprocess_values()
+
+    def stopService(self):
+        Service.stopService(self)
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
+            if self._previous_variable is None:
+                os.environ.pop(MULTIPROCESS_VARIABLE, None)
+            else:
+                os.environ[MULTIPROCESS_VARIABLE] = self._previous_variable
+            values.ValueClass = self._previous_values
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -73,6 +152,13 @@ class RelayMetrics:
 
     def __init__(self, dumps=None):
         self._children: dict = {}
+        self._dumps = dumps
+        self._count_active = None
+        # In a worker, or a first process that set the folder up.
+        self.multiprocess = _multiprocess_folder() is not None
+        if self.multiprocess:
+            _use_multiprocess_values()
+        live = {"multiprocess_mode": "livesum"} if self.multiprocess else {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "relay_requests",
@@ -95,10 +181,10 @@ class RelayMetrics:
             registry=self.registry,
         )
         self.active_streams = Gauge(
-            "relay_active_streams", "Streams being relayed now.", registry=self.registry
+            "relay_active_streams", "Streams being relayed now.", registry=self.registry, **live
         )
         self.active_requests = Gauge(
-            "relay_active_requests", "Requests being relayed upstream now.", registry=self.registry
+            "relay_active_requests", "Requests being relayed upstream now.", registry=self.registry, **live
         )
         self.ids_rewritten = Counter(
             "relay_ids_rewritten",
@@ -125,13 +211,49 @@ class RelayMetrics:
         self.retries = Counter(
             "relay_upstream_retries", "Upstream requests sent again.", registry=self.registry
         )
-        if dumps is not None:
+        self._dumps_counted = {"written": 0, "dropped": 0, "failed": 0}
+        if self.multiprocess:
+            # Copied from the dump writer's own counters (sync).
+            self.dumps_total = Counter(
+                "relay_dumps", "Diagnostic dumps of upstream 4xx answers, by outcome.", ["outcome"],
+                registry=self.registry,
+            )
+        elif dumps is not None:
             self.registry.register(_DumpCollector(dumps))
 
     def watch_thread_store(self, store):
         """Export ``store``'s hits, misses, evictions, failures and size
         (an :class:`~twisted_relay.thread_store.IThreadStore`)."""
         self.registry.register(_ThreadStoreCollector(store))
+
+    def watch_active_requests(self, count) -> None:
+        """
+        Report ``count()`` as the requests in flight: read when scraped in
+        one process; copied to the shared files every second with workers.
+        """
+        if self.multiprocess:
+            self._count_active = count
+        else:
+            self.active_requests.set_function(count)
+
+    def sync(self) -> None:
+        """Copy this process's own figures (requests in flight, dumps) to the shared files."""
+        if not self.multiprocess:
+            return
+        if self._count_active is not None:
+            self.active_requests.set(self._count_active())
+        if self._dumps is not None:
+            for outcome, before in self._dumps_counted.items():
+                now = getattr(self._dumps, outcome, 0)
+                if now > before:
+                    self.dumps_total.labels(outcome).inc(now - before)
+                    self._dumps_counted[outcome] = now
+
+    def sync_service(self):
+        """A service that calls :meth:`sync` every second (with workers), else ``None``."""
+        if not self.multiprocess:
+            return None
+        return TimerService(_SYNC_INTERVAL, self.sync)
 
     def labelled(self, metric, *values):
         """``metric.labels(*values)``, looked up once per label set (there are few)."""
@@ -145,4 +267,10 @@ class RelayMetrics:
         """The ``/metrics`` resource, in Prometheus' text format."""
         from prometheus_client.twisted import MetricsResource
 
+        if self.multiprocess:
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, _multiprocess_folder())
+            return MetricsResource(registry=registry)
         return MetricsResource(registry=self.registry)

@@ -11,13 +11,17 @@ so the connection pool and the dump writer live and stop with it.
 
 from __future__ import annotations
 
+import os
 import signal
+from contextlib import contextmanager
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet import endpoints
-from twisted.logger import Logger
 from twisted.internet.defer import DeferredList, maybeDeferred, succeed
+from twisted.internet.error import CannotListenError
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
 
 from twisted_relay import _twisted
 from twisted_relay._version import __version__
@@ -26,7 +30,7 @@ from twisted_relay.config import RelayConfig
 from twisted_relay.configfile import ReloadResult, reload_config
 from twisted_relay.dumps import DumpWriter
 from twisted_relay.gctuning import GarbageCollectorTuning
-from twisted_relay.metrics import RelayMetrics
+from twisted_relay.metrics import RelayMetrics, SharedMetricsFolder
 from twisted_relay.routing import Router
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient, display_url
@@ -35,7 +39,28 @@ from twisted_relay.workers import ReusePortListener, WorkerProcesses
 # The services that accept connections: stopped before anything else.
 _LISTENERS = (StreamServerEndpointService, ReusePortListener)
 
-__all__ = ["Relay", "RelaySite", "make_service"]
+__all__ = ["Relay", "RelaySite", "StartupError", "make_service"]
+
+
+class StartupError(Exception):
+    """
+    The relay cannot start for a reason its user can fix (a port in use, a
+    folder that does not exist, a missing certificate); its text says so
+    in one line.
+    """
+
+
+def _reason(error: Exception) -> str:
+    """An OS error's own words (``Address already in use``), and the file it names."""
+    if isinstance(error, CannotListenError) and isinstance(error.socketError, Exception):
+        error = error.socketError
+    if isinstance(error, OSError) and error.strerror:
+        # (A failed link or rename names its second file too: the one that matters.)
+        filename = error.filename2 if error.filename2 is not None else error.filename
+        if filename is not None:
+            return "%s: %s" % (error.strerror, filename)
+        return error.strerror
+    return str(error)
 
 _log = Logger()
 
@@ -125,10 +150,64 @@ class _RelayService(MultiService):
 
     log = Logger()
 
-    def __init__(self, app: RelayApp, grace: float):
+    def __init__(self, app: RelayApp, grace: float, *, reactor=None, drain_delay: float = 0.0):
         super().__init__()
         self._app = app
         self._grace = grace
+        self._reactor = reactor
+        self._drain_delay = drain_delay
+        # Each listener's --listen description, for start-up errors.
+        self.descriptions: dict = {}
+        # Fields of the start-up line (a callable), or None for no line.
+        self.describe = None
+
+    @contextmanager
+    def _one_line_errors(self, service):
+        """Turn what a user can cause at start (a port in use...) into a :class:`StartupError`."""
+        try:
+            yield
+        except (CannotListenError, OSError) as e:
+            description = self.descriptions.get(service)
+            if description is not None:
+                raise StartupError("cannot listen on %s: %s" % (description, _reason(e))) from e
+            raise StartupError("cannot start: %s" % (_reason(e),)) from e
+
+    def privilegedStartService(self):
+        Service.privilegedStartService(self)
+        for service in self:
+            with self._one_line_errors(service):
+                service.privilegedStartService()
+
+    def startService(self):
+        Service.startService(self)
+        started = []
+        # Listeners first: a port in use fails the start before anything
+        # else runs (nothing is served before the whole start is done).
+        services = sorted(self, key=lambda service: not isinstance(service, _LISTENERS))
+        try:
+            for service in services:
+                with self._one_line_errors(service):
+                    service.startService()
+                started.append(service)
+        except StartupError:
+            # Stop what did start (the dump writer's threads would keep the
+            # process alive), then let the error end the process.
+            for service in reversed(started):
+                try:
+                    service.stopService()
+                except Exception:
+                    self.log.failure("Stopping {service} after a failed start", service=service)
+            for service in self:
+                if isinstance(service, SharedMetricsFolder) and service not in started:
+                    # Made when the relay was built: removed even if never started.
+                    service.stopService()
+            raise
+        if self.describe is not None:
+            self.log.info(
+                "twisted-relay {version} listening on {listen}; upstream {upstream} (ids: {upstream_ids}); "
+                "upstream key: {upstream_key}; relay keys: {relay_keys}; dumps: {dump_dir}; workers: {workers}",
+                **self.describe(),
+            )
 
     def stopService(self):
         Service.stopService(self)
@@ -149,11 +228,26 @@ class _RelayService(MultiService):
                     d.addCallback(lambda _, service=service: service.stopService())
             return d
 
-        # Stop accepting; tell the other workers to stop, and let them drain
-        # their requests while this process drains its own; then wait for
-        # them before closing what they may still use (the simulated upstream).
-        d = stop_all(listeners)
+        # Say 503 at /ready, and go on accepting for the drain delay, so that
+        # a load balancer sees it and moves on; then stop accepting; tell
+        # the other workers to stop (they drain the same way), and let them
+        # drain their requests while this process drains its own; then wait
+        # for them before closing what they may still use (the simulated
+        # upstream).
+        self._app.begin_draining()
+        self.log.info(
+            "Draining: /ready answers 503; accepting for {drain_delay:g}s more, "
+            "then finishing {in_flight} requests in flight (within {grace:g}s)",
+            drain_delay=self._drain_delay,
+            in_flight=self._app.in_flight,
+            grace=self._grace,
+        )
         workers_ended = stop_all(workers)
+        if self._drain_delay > 0 and listeners:
+            d = deferLater(self._reactor, self._drain_delay, lambda: None)
+        else:
+            d = succeed(None)
+        d.addCallback(lambda _: stop_all(listeners))
         d.addCallback(lambda _: self._app.drain(self._grace))
         d.addCallback(lambda _: workers_ended)
         d.addCallback(stop_rest)
@@ -205,10 +299,22 @@ class Relay:
                     "upstream_ids": config.upstream_ids,
                 },
             )
+        shared_metrics = None
+        if config.metrics and config.workers > 1 and not worker:
+            # Before any metric exists: they write to the workers' shared folder.
+            shared_metrics = SharedMetricsFolder()
         self.metrics = RelayMetrics(self.dumps)
         self.app = RelayApp(config, self.client, reactor=reactor, dumps=self.dumps, metrics=self.metrics)
 
-        self.service = _RelayService(self.app, config.shutdown_grace)
+        self.service = _RelayService(
+            self.app, config.shutdown_grace, reactor=reactor, drain_delay=config.drain_delay
+        )
+        if shared_metrics is not None:
+            # Stopped last: removed once every worker has ended.
+            shared_metrics.setServiceParent(self.service)
+        sync = self.metrics.sync_service()
+        if sync is not None:
+            sync.setServiceParent(self.service)
         _UpstreamPoolService(self.client).setServiceParent(self.service)
         if config.gc_tuning:
             GarbageCollectorTuning().setServiceParent(self.service)
@@ -233,13 +339,36 @@ class Relay:
                 listener = StreamServerEndpointService(endpoints.serverFromString(reactor, description), site)
                 # A port already in use stops twistd with a clear error at start.
                 _twisted.raise_listen_errors(listener)
+            self.service.descriptions[listener] = description
             listener.setServiceParent(self.service)
         self._workers = None
+        if not worker:
+            self.service.describe = self._startup_fields
         if config.workers > 1 and not worker and shared:
             self._workers = WorkerProcesses(reactor, config, shared, lambda: self.client.base_url)
             self._workers.setServiceParent(self.service)
         if config.config_file is not None and not worker:
             _ReloadOnHangup(reactor, self).setServiceParent(self.service)
+
+    def _startup_fields(self) -> dict:
+        """What the start-up line says: never a key, only whether there is one."""
+        config = self.config
+        if config.simulate:
+            upstream = "simulated:%s at %s" % (config.simulate, self.client.base_url)
+        else:
+            upstream = display_url(config.upstream)
+        return {
+            "version": __version__,
+            "listen": ", ".join(config.listen) or "(mounted in another site)",
+            "upstream": upstream,
+            "upstream_ids": config.upstream_ids,
+            "upstream_key": "set" if config.upstream_key else "none (clients' own credentials pass through)",
+            "upstream_key_set": bool(config.upstream_key),
+            "relay_keys": ("%d" % len(config.relay_keys)) if config.relay_keys else "none (every client is let in)",
+            "relay_key_count": len(config.relay_keys),
+            "dump_dir": os.path.abspath(config.dump_dir) if config.dump_dir else "off",
+            "workers": config.workers,
+        }
 
     def resource(self):
         """The relay's web resource, for mounting in another ``Site``."""

@@ -142,6 +142,13 @@ class Options(usage.Options):
         ["max-retry-wait", None, "60", "Longest retry-after the relay waits out before passing it on."],
         ["shutdown-grace", None, "30", "Seconds requests in flight may go on after the relay is told to stop."],
         [
+            "drain-delay",
+            None,
+            "5",
+            "Seconds the relay goes on accepting after it is told to stop, while /ready already "
+            "says 503, so that a load balancer moves on (0: stop accepting at once).",
+        ],
+        [
             "workers",
             None,
             "1",
@@ -188,18 +195,26 @@ class Options(usage.Options):
         for name, handler in list(self._dispatch.items()):
             self._dispatch[name] = _recording(name, handler, self._given)
 
-    def parseOptions(self, options=None):
-        import sys
-
-        self._argv = tuple(sys.argv[1:] if options is None else options)
-        super().parseOptions(options)
-
     def _option_kinds(self) -> dict[str, str]:
         """Each long option and how it takes its value, for the file's ``[relay]`` table."""
         kinds = {name: "parameter" for name, *_ in self.optParameters}
         kinds.update({name: "flag" for name, *_ in self.optFlags})
         kinds["listen"] = "multi"
         return kinds
+
+    def parseOptions(self, options=None):
+        """
+        Parse the options; under twistd, an error is one line and exit
+        status 1 (twistd itself would print its whole help before the
+        message).
+        """
+        self._argv = tuple(sys.argv[1:] if options is None else options)
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            if self.parent is None:
+                raise
+            raise SystemExit("twistd relay: %s (twistd relay --help lists every option)" % (e,))
 
     def opt_listen(self, description: str) -> None:
         """
@@ -276,6 +291,15 @@ class Options(usage.Options):
         for description in listen:
             try:
                 serverFromString(reactor, description)
+            except IndexError:
+                if description.startswith("systemd:"):
+                    raise usage.UsageError(
+                        "--listen %r: systemd passed no socket at that index (run the relay from a "
+                        "systemd .socket unit, or under systemd-socket-activate)." % (description,)
+                    )
+                raise usage.UsageError("--listen %r is not a valid endpoint." % (description,))
+            except OSError as e:
+                raise usage.UsageError("--listen %r: %s: %s" % (description, e.strerror or e, e.filename or ""))
             except (ValueError, TypeError, KeyError) as e:
                 raise usage.UsageError("--listen %r is not a valid endpoint: %s" % (description, e))
 
@@ -376,6 +400,7 @@ class Options(usage.Options):
             retry_statuses=retry_statuses,
             max_retry_wait=_positive("max-retry-wait", self["max-retry-wait"], allow_zero=True),
             shutdown_grace=_positive("shutdown-grace", self["shutdown-grace"], allow_zero=True),
+            drain_delay=_positive("drain-delay", self["drain-delay"], allow_zero=True),
             metrics=not self["no-metrics"],
             simulate=simulate,
             workers=workers,
@@ -421,8 +446,32 @@ def _named_in_file(error: usage.UsageError, settings: FileSettings | None, given
     return error
 
 
+def _say_startup_errors_in_one_line() -> None:
+    """
+    Under twistd, a :class:`StartupError` (a port in use...) ends the
+    process with its one line instead of a traceback; twistd has removed
+    its pidfile by then.
+    """
+    from twisted_relay.service import StartupError
+
+    previous = sys.excepthook
+    if getattr(previous, "relay_startup_errors", False):
+        return
+
+    def hook(kind, value, traceback):
+        if isinstance(value, StartupError):
+            sys.stderr.write("twistd relay: %s\n" % (value,))
+            sys.stderr.flush()
+        else:
+            previous(kind, value, traceback)
+
+    hook.relay_startup_errors = True
+    sys.excepthook = hook
+
+
 def makeService(options: Options, reactor=None):
     """Make the relay's service from parsed ``twistd relay`` options."""
     from twisted_relay.service import make_service
 
+    _say_startup_errors_in_one_line()
     return make_service(options.config, reactor)

@@ -31,6 +31,7 @@ from twisted.internet.protocol import ProcessProtocol, Protocol
 from twisted.logger import Logger, eventAsJSON, eventFromJSON
 
 from twisted_relay.config import RelayConfig
+from twisted_relay.metrics import forget_process
 
 __all__ = ["ReusePortListener", "WorkerProcesses", "listen_reuseport", "shareable", "main"]
 
@@ -209,6 +210,7 @@ class WorkerProcesses(Service):
         self._delays: dict[str, float] = {}
         self._restarts: dict[str, object] = {}
         self._kills: dict[str, object] = {}
+        self._pids: dict[str, int] = {}
         self._all_ended: Deferred | None = None
         self._env: dict[str, str] = {}
 
@@ -265,7 +267,8 @@ class WorkerProcesses(Service):
             path=os.getcwd(),
             childFDs={0: "w", 1: "r", 2: "r"},
         )
-        self.log.info("Started relay {relay_worker} (pid {pid})", relay_worker=name, pid=self._processes[name].pid)
+        self._pids[name] = self._processes[name].pid
+        self.log.info("Started relay {relay_worker} (pid {pid})", relay_worker=name, pid=self._pids[name])
 
     def _worker_said(self, name: str, fd: int, line: bytes) -> None:
         line = line.strip(b"\x1e\r")
@@ -287,6 +290,7 @@ class WorkerProcesses(Service):
 
     def _worker_ended(self, name: str, reason) -> None:
         self._processes.pop(name, None)
+        forget_process(self._pids.pop(name, None))
         kill = self._kills.pop(name, None)
         if kill is not None and kill.active():
             kill.cancel()

@@ -1,0 +1,388 @@
+"""
+Several machines, shown on one: three relays behind a real nginx load
+balancer, long tool-use sessions through the official ``anthropic`` SDK, and
+one relay stopped with SIGTERM mid-run while it has a request in flight.
+
+Run from the work tree's root (nginx must be installed: Debian's ``nginx``
+or ``nginx-light`` package)::
+
+    python bench/cluster.py                        # 4 sessions of 200 turns
+    python bench/cluster.py --sessions 2 --turns 50
+
+Every process is started here, on 127.0.0.1 and free ports only: one
+simulated upstream (``twisted-relay-simulated --mode strict``, which refuses
+a history whose tool-use ids repeat), three relays (``twistd -n relay``), and
+nginx with its own configuration (``deploy/nginx/twisted-relay-proxy.conf``
+included as it is, in front of an upstream block of the three relays with
+``keepalive``). The sessions send each turn's whole history through nginx,
+as Claude Code does, with the SDK's own retries off, so every failure shows.
+Once a third of the turns are done, the script waits until one relay has a
+request in flight (its ``/ready`` says so) and sends it SIGTERM. Every turn
+must still succeed. nginx's access log says which relay served each turn.
+
+``tests/test_deploy.py`` runs a shorter version of the same run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PROXY_SNIPPET = os.path.join(ROOT, "deploy", "nginx", "twisted-relay-proxy.conf")
+MODEL = "claude-sonnet-4-5"
+TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "The weather at a place.",
+        "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]},
+    }
+]
+
+
+def find_nginx() -> str | None:
+    """The nginx binary, or ``None`` when nginx is not installed."""
+    return shutil.which("nginx") or next(
+        (path for path in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(path, os.X_OK)), None
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str, timeout: float = 2.0) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _wait_for(url: str, process: subprocess.Popen, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError("%s ended at start (status %s)" % (process.args[:3], process.returncode))
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("nothing answered at %s within %g s" % (url, seconds))
+
+
+_NGINX_CONF = """\
+daemon off;
+worker_processes 1;
+pid {folder}/nginx.pid;
+error_log {folder}/nginx-error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    log_format turns '$upstream_addr $status $request_method $uri $request_time';
+    access_log {folder}/access.log turns;
+    client_body_temp_path {folder}/tmp/body;
+    proxy_temp_path {folder}/tmp/proxy;
+    fastcgi_temp_path {folder}/tmp/fastcgi;
+    uwsgi_temp_path {folder}/tmp/uwsgi;
+    scgi_temp_path {folder}/tmp/scgi;
+    upstream twisted_relay {{
+{servers}
+        keepalive 32;
+        keepalive_timeout 60s;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            include {snippet};
+        }}
+    }}
+}}
+"""
+
+
+@dataclass
+class Report:
+    """What a run showed."""
+
+    turns: int = 0
+    failed: list = field(default_factory=list)
+    served_by: dict = field(default_factory=dict)
+    served_by_stopped_before_stop: int = 0
+    resent_by_nginx: int = 0
+    resend_reasons: dict = field(default_factory=dict)
+    stopped: str = ""
+    in_flight_at_stop: int = 0
+    stopped_exit_status: int | None = None
+    stop_seconds: float = 0.0
+    seconds: float = 0.0
+
+    def lines(self) -> list[str]:
+        served = ", ".join("%s: %d" % (addr, count) for addr, count in sorted(self.served_by.items()))
+        return [
+            "turns: %d, failed: %d" % (self.turns, len(self.failed)),
+            "served by: %s" % (served,),
+            "relay stopped with SIGTERM: %s, with %d request(s) in flight; it had served %d turns; "
+            "it exited with status %s, %.1f s after the signal"
+            % (self.stopped, self.in_flight_at_stop, self.served_by_stopped_before_stop,
+               self.stopped_exit_status, self.stop_seconds),
+            "requests nginx sent to a second relay: %d (nginx's reasons: %s)"
+            % (self.resent_by_nginx, ", ".join("%s: %d" % item for item in sorted(self.resend_reasons.items()))
+               or "none"),
+            "wall time: %.1f s" % (self.seconds,),
+        ] + ["failure: %s" % (f,) for f in self.failed[:10]]
+
+
+class Cluster:
+    """The upstream, three relays and nginx, all started (and stopped) here."""
+
+    def __init__(self, folder: str, relays: int = 3, event_delay: float = 0.003, drain_delay: float = 2.0):
+        self.folder = folder
+        self.count = relays
+        self.event_delay = event_delay
+        self.drain_delay = drain_delay
+        self.processes: list[subprocess.Popen] = []
+        self.relays: list[tuple[int, subprocess.Popen, str]] = []
+        self.nginx_port = 0
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        log = open(os.path.join(self.folder, log_name), "wb")
+        try:
+            process = subprocess.Popen(args, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+        self.processes.append(process)
+        return process
+
+    def start(self) -> None:
+        # nginx's workers run as an unprivileged user when nginx starts as root:
+        # they must reach the folder (mkdtemp makes it private) and write its tmp/.
+        os.chmod(self.folder, 0o755)
+        nginx = find_nginx()
+        if nginx is None:
+            raise RuntimeError("nginx is not installed (apt-get install nginx-light)")
+        bindir = os.path.dirname(sys.executable)
+        upstream_port = free_port()
+        simulated = os.path.join(bindir, "twisted-relay-simulated")
+        command = [simulated] if os.access(simulated, os.X_OK) else [
+            sys.executable, "-c", "from twisted_relay.simulated.cli import main; main()"
+        ]
+        upstream = self._spawn(
+            command + ["--listen", "tcp:%d:interface=127.0.0.1" % (upstream_port,), "--mode", "strict",
+                       "--event-delay", str(self.event_delay)],
+            "upstream.log",
+        )
+        for i in range(self.count):
+            port = free_port()
+            log_name = "relay-%d.log" % (i,)
+            process = self._spawn(
+                [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", "-n", "--pidfile=",
+                 "relay", "--upstream", "http://127.0.0.1:%d" % (upstream_port,),
+                 "--listen", "tcp:%d:interface=127.0.0.1" % (port,), "--no-dumps",
+                 "--drain-delay", str(self.drain_delay), "--shutdown-grace", "20"],
+                log_name,
+            )
+            self.relays.append((port, process, log_name))
+        _wait_for("http://127.0.0.1:%d/v1/models" % (upstream_port,), upstream)
+        for port, process, _ in self.relays:
+            _wait_for("http://127.0.0.1:%d/health" % (port,), process)
+        self.nginx_port = free_port()
+        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            os.makedirs(os.path.join(self.folder, "tmp", sub), exist_ok=True)
+        os.chmod(os.path.join(self.folder, "tmp"), 0o777)
+        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            os.chmod(os.path.join(self.folder, "tmp", sub), 0o777)
+        servers = "\n".join(
+            "        server 127.0.0.1:%d max_fails=1 fail_timeout=10s;" % (port,) for port, _, _ in self.relays
+        )
+        conf = os.path.join(self.folder, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(_NGINX_CONF.format(folder=self.folder, servers=servers, port=self.nginx_port,
+                                       snippet=PROXY_SNIPPET))
+        nginx_process = self._spawn(
+            [nginx, "-e", os.path.join(self.folder, "nginx-error.log"), "-p", self.folder, "-c", conf],
+            "nginx.out",
+        )
+        _wait_for("http://127.0.0.1:%d/health" % (self.nginx_port,), nginx_process)
+
+    @property
+    def base_url(self) -> str:
+        return "http://127.0.0.1:%d" % (self.nginx_port,)
+
+    def stop(self) -> None:
+        """Stop every process started here, by its pid: SIGTERM, then SIGKILL after 25 s."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 25
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def served_by(self) -> tuple[dict, int]:
+        """Turns per relay address from nginx's access log, and how many nginx sent to a second relay."""
+        counts: dict[str, int] = {}
+        resent = 0
+        with open(os.path.join(self.folder, "access.log")) as f:
+            for line in f:
+                tried = re.match(r"^((?:127\.0\.0\.1:\d+(?:, )?)+) \d+ POST /v1/messages ", line)
+                if not tried:
+                    continue
+                addresses = [a for a in tried.group(1).split(", ") if a]
+                if len(addresses) > 1:
+                    resent += 1
+                counts[addresses[-1]] = counts.get(addresses[-1], 0) + 1
+        return counts, resent
+
+    def resend_reasons(self) -> dict:
+        """Why nginx gave up on a relay for a request, from its error log: reason -> count."""
+        reasons: dict[str, int] = {}
+        with open(os.path.join(self.folder, "nginx-error.log")) as f:
+            for line in f:
+                found = re.search(r"\[error\] \S+ \*\d+ (.*?)(?: while |, client:)", line)
+                if found:
+                    reasons[found.group(1)] = reasons.get(found.group(1), 0) + 1
+        return reasons
+
+
+def _session(base_url: str, turns: int, number: int, progress: list, failures: list) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=base_url, api_key="sk-cluster-demo", max_retries=0, timeout=60)
+    messages = [{"role": "user", "content": "Session %d: check the weather in many cities, one call at a time." % (number,)}]
+    seen: set[str] = set()
+    try:
+        for turn in range(turns):
+            try:
+                with client.messages.stream(model=MODEL, max_tokens=256, messages=messages, tools=TOOLS) as events:
+                    message = events.get_final_message()
+            except Exception as e:  # every kind of failure counts, and the turn is not retried
+                failures.append("session %d turn %d: %s: %s" % (number, turn, type(e).__name__, str(e)[:300]))
+                return
+            content = [block.model_dump(exclude_none=True) for block in message.content]
+            uses = [block for block in content if block["type"] == "tool_use"]
+            for block in uses:
+                if block["id"] in seen:
+                    failures.append("session %d turn %d: the client saw id %s twice" % (number, turn, block["id"]))
+                seen.add(block["id"])
+            messages.append({"role": "assistant", "content": content})
+            messages.append({
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": block["id"], "content": "sunny, 21 C"} for block in uses
+                ] or "Go on.",
+            })
+            progress.append(1)
+    finally:
+        client.close()
+
+
+def _stop_one_in_flight(cluster: Cluster, report: Report, progress: list, after_turns: int, done: threading.Event):
+    """Once ``after_turns`` are done, SIGTERM a relay the moment it has a request in flight."""
+    while len(progress) < after_turns and not done.is_set():
+        time.sleep(0.01)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not done.is_set():
+        for port, process, log_name in cluster.relays:
+            try:
+                status, ready = _get_json("http://127.0.0.1:%d/ready" % (port,), timeout=1)
+            except OSError:
+                continue
+            if status == 200 and ready.get("active_requests", 0) >= 1:
+                started = time.monotonic()
+                process.send_signal(signal.SIGTERM)
+                report.stopped = "127.0.0.1:%d" % (port,)
+                report.served_by_stopped_before_stop = sum(
+                    1 for line in open(os.path.join(cluster.folder, "access.log"))
+                    if line.startswith(report.stopped + " ") and " POST /v1/messages " in line
+                )
+                report.stopped_exit_status = process.wait(timeout=60)
+                report.stop_seconds = time.monotonic() - started
+                text = open(os.path.join(cluster.folder, log_name), encoding="utf-8", errors="replace").read()
+                found = re.search(r"then finishing (\d+) requests in flight", text)
+                report.in_flight_at_stop = int(found.group(1)) if found else 0
+                return
+        time.sleep(0.002)
+
+
+def run(folder: str, sessions: int, turns: int, *, event_delay: float = 0.003, drain_delay: float = 2.0,
+        stop_after: float = 1 / 3) -> Report:
+    """Start the cluster in ``folder``, drive the sessions, stop one relay mid-run; always stop everything."""
+    report = Report()
+    cluster = Cluster(folder, event_delay=event_delay, drain_delay=drain_delay)
+    started = time.monotonic()
+    try:
+        cluster.start()
+        progress: list = []
+        failures: list = []
+        done = threading.Event()
+        stopper = threading.Thread(
+            target=_stop_one_in_flight,
+            args=(cluster, report, progress, int(sessions * turns * stop_after), done),
+            daemon=True,
+        )
+        stopper.start()
+        threads = [
+            threading.Thread(target=_session, args=(cluster.base_url, turns, i, progress, failures), daemon=True)
+            for i in range(sessions)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=1800)
+        done.set()
+        stopper.join(timeout=90)
+        report.turns = len(progress)
+        report.failed = failures
+        report.served_by, report.resent_by_nginx = cluster.served_by()
+        report.resend_reasons = cluster.resend_reasons()
+    finally:
+        cluster.stop()
+        report.seconds = time.monotonic() - started
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--event-delay", type=float, default=0.01, help="seconds between the upstream's events")
+    parser.add_argument("--drain-delay", type=float, default=2.0)
+    parser.add_argument("--keep", action="store_true", help="keep the folder of logs")
+    options = parser.parse_args(argv)
+    folder = tempfile.mkdtemp(prefix="relay-cluster-")
+    report = run(folder, options.sessions, options.turns, event_delay=options.event_delay,
+                 drain_delay=options.drain_delay)
+    for line in report.lines():
+        print(line)
+    if options.keep:
+        print("logs in", folder)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    expected = options.sessions * options.turns
+    ok = report.turns == expected and not report.failed and len(report.served_by) == 3 and report.in_flight_at_stop >= 1
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

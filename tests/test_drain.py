@@ -1,0 +1,193 @@
+"""
+Tests for the drain a load balancer can see: on stop, ``/ready`` says 503 at
+once while the relay goes on accepting for ``drain_delay`` seconds; requests
+on connections kept alive are served, each with ``Connection: close``; the
+requests in flight finish; then the relay stops accepting.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+from twisted.python import usage
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from twisted_relay.config import RelayConfig
+from twisted_relay.service import Relay
+from twisted_relay.tap import Options
+
+from .helpers import encode, messages_body
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Connection:
+    """One client connection, kept alive between requests, read with ``http.client``'s parser."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+
+    def ask(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict, bytes]:
+        """Send one request; return the answer's status, headers (lower-case names) and body."""
+        head = "%s %s HTTP/1.1\r\nHost: relay\r\nanthropic-version: 2023-06-01\r\n" % (method, path)
+        if body is not None:
+            head += "content-type: application/json\r\ncontent-length: %d\r\n" % (len(body),)
+        self.sock.sendall(head.encode("ascii") + b"\r\n" + (body or b""))
+        response = http.client.HTTPResponse(self.sock)
+        response.begin()
+        data = response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+
+    def closed_by_relay(self) -> bool:
+        """Whether the relay has closed this connection (end of file within 5 s)."""
+        self.sock.settimeout(5)
+        try:
+            return self.sock.recv(1) == b""
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+class DrainTests(TestCase):
+    """The relay's own listener, the embedded simulated upstream, real sockets on 127.0.0.1."""
+
+    timeout = 30
+
+    def start(self, drain_delay: float) -> Relay:
+        self.port = _free_port()
+        config = RelayConfig(
+            listen=("tcp:%d:interface=127.0.0.1" % (self.port,),),
+            simulate="strict",
+            simulate_options={"event_delay": 0.02},
+            dump_dir=None,
+            drain_delay=drain_delay,
+            shutdown_grace=10,
+        )
+        relay = Relay(config, reactor)
+        relay.service.startService()
+        self.addCleanup(lambda: relay.service.running and relay.service.stopService())
+        return relay
+
+    def call(self, f, *args):
+        return deferToThread(f, *args)
+
+    async def test_drain_visible_to_a_load_balancer(self):
+        """
+        On stop: ``/ready`` says 503 at once; during the delay a new
+        connection is still accepted and served; a request on a connection
+        kept alive since before is served with ``Connection: close`` and
+        the connection then closes; a stream in flight ends whole; after
+        the delay, connections are refused; the stop completes.
+        """
+        relay = self.start(drain_delay=2.0)
+        kept = await self.call(_Connection, self.port)
+        self.addCleanup(kept.close)
+        status, headers, _ = await self.call(kept.ask, "GET", "/ready")
+        self.assertEqual(status, 200)
+        self.assertNotEqual(headers.get("connection"), "close")
+
+        streaming = await self.call(_Connection, self.port)
+        self.addCleanup(streaming.close)
+        # About 30 events 20 ms apart: in flight when the stop begins.
+        stream_body = encode(messages_body(stream=True, tools=False, max_tokens=30))
+        stream_done = self.call(streaming.ask, "POST", "/v1/messages", stream_body)
+        for _ in range(100):
+            if relay.app.in_flight:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(relay.app.in_flight, 1)
+
+        started = time.monotonic()
+        stopped = relay.service.stopService()
+
+        fresh = await self.call(_Connection, self.port)
+        self.addCleanup(fresh.close)
+        status, headers, body = await self.call(fresh.ask, "GET", "/ready")
+        self.assertEqual((status, json.loads(body)["status"]), (503, "draining"))
+        self.assertEqual(headers.get("connection"), "close")
+        self.assertTrue(await self.call(fresh.closed_by_relay))
+
+        status, headers, body = await self.call(
+            kept.ask, "POST", "/v1/messages", encode(messages_body(tools=False))
+        )
+        self.assertEqual(status, 200)
+        self.assertEqual(json.loads(body)["type"], "message")
+        self.assertEqual(headers.get("connection"), "close")
+        self.assertTrue(await self.call(kept.closed_by_relay))
+
+        status, _, stream = await stream_done
+        self.assertEqual(status, 200)
+        self.assertIn(b"event: message_stop", stream)
+        self.assertTrue(await self.call(streaming.closed_by_relay))
+
+        # Still accepting within the delay.
+        self.assertLess(time.monotonic() - started, 1.8)
+        late = await self.call(_Connection, self.port)
+        self.addCleanup(late.close)
+        status, headers, _ = await self.call(late.ask, "GET", "/health")
+        self.assertEqual((status, headers.get("connection")), (200, "close"))
+
+        await stopped
+        self.assertGreaterEqual(time.monotonic() - started, 2.0)
+        self.assertTrue(await self.call(_refused, self.port))
+
+    async def test_no_delay_stops_accepting_at_once(self):
+        """
+        With a drain delay of 0 the relay stops accepting as soon as it is
+        told to stop (its port closes on the reactor's next turn), while a
+        stream in flight goes on to its end.
+        """
+        relay = self.start(drain_delay=0)
+        conn = await self.call(_Connection, self.port)
+        self.addCleanup(conn.close)
+        stream_body = encode(messages_body(stream=True, tools=False, max_tokens=30))
+        stream_done = self.call(conn.ask, "POST", "/v1/messages", stream_body)
+        for _ in range(100):
+            if relay.app.in_flight:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(relay.app.in_flight, 1)
+        stopped = relay.service.stopService()
+        await deferLater(reactor, 0.05, lambda: None)
+        self.assertTrue(await self.call(_refused, self.port))
+        self.assertEqual(relay.app.in_flight, 1)
+        status, _, stream = await stream_done
+        self.assertEqual(status, 200)
+        self.assertIn(b"event: message_stop", stream)
+        await stopped
+
+
+class DrainOptionTests(SynchronousTestCase):
+    """``twistd relay --drain-delay``."""
+
+    def test_default_and_values(self):
+        """The delay is 5 s unless given; 0 is allowed; a negative or non-number is refused."""
+        options = Options()
+        options.parseOptions([])
+        self.assertEqual(options.config.drain_delay, 5.0)
+        options = Options()
+        options.parseOptions(["--drain-delay", "0"])
+        self.assertEqual(options.config.drain_delay, 0.0)
+        for bad in ("-1", "soon"):
+            with self.assertRaises(usage.UsageError):
+                Options().parseOptions(["--drain-delay", bad])
