@@ -572,7 +572,7 @@ class SSEGate(Protocol):
             return
         tail = _unterminated_last_event(self._framer.pending, reason)
         if tail is not None:
-            self._framer._append(tail)
+            self._framer.append(tail)
             self._drain()
             if self.done.called:
                 return
