@@ -279,14 +279,17 @@ class DumpFileTests(_WriterTestMixin, TestCase):
         A file already at the target name is left exactly as it was; the
         new dump takes the next free name.
         """
-        writer = self.start_writer()
         kwargs = exchange()
         when = datetime.fromtimestamp(kwargs["received_at"], timezone.utc)
-        folder = os.path.join(writer.dump_dir, when.strftime("%Y-%m-%d"))
+        dump_dir = self.mktemp()
+        folder = os.path.join(dump_dir, when.strftime("%Y-%m-%d"))
         os.makedirs(folder)
         taken = os.path.join(folder, when.strftime("%H%M%S.%f") + "-" + kwargs["relay_request_id"] + ".json")
         with open(taken, "wb") as f:
             f.write(b"precious")
+        # Made before the writer starts: its first retention pass (in its
+        # thread) removes empty date folders, and would race an empty one.
+        writer = self.start_writer(dump_dir)
         path = yield writer.submit(**kwargs)
         with open(taken, "rb") as f:
             self.assertEqual(f.read(), b"precious")
