@@ -129,6 +129,7 @@ class Report:
     resend_reasons: dict = field(default_factory=dict)
     stopped: str = ""
     in_flight_at_stop: int = 0
+    in_flight_after_delay: int = 0
     stopped_exit_status: int | None = None
     stop_seconds: float = 0.0
     seconds: float = 0.0
@@ -138,10 +139,11 @@ class Report:
         return [
             "turns: %d, failed: %d" % (self.turns, len(self.failed)),
             "served by: %s" % (served,),
-            "relay stopped with SIGTERM: %s, with %d request(s) in flight; it had served %d turns; "
+            "relay stopped with SIGTERM: %s, with %d request(s) in flight at the signal (its /ready) and "
+            "%d after the drain delay (its log); it had served %d turns; "
             "it exited with status %s, %.1f s after the signal"
-            % (self.stopped, self.in_flight_at_stop, self.served_by_stopped_before_stop,
-               self.stopped_exit_status, self.stop_seconds),
+            % (self.stopped, self.in_flight_at_stop, self.in_flight_after_delay,
+               self.served_by_stopped_before_stop, self.stopped_exit_status, self.stop_seconds),
             "requests nginx sent to a second relay: %d (nginx's reasons: %s)"
             % (self.resent_by_nginx, ", ".join("%s: %d" % item for item in sorted(self.resend_reasons.items()))
                or "none"),
@@ -310,6 +312,9 @@ def _stop_one_in_flight(cluster: Cluster, report: Report, progress: list, after_
             if status == 200 and ready.get("active_requests", 0) >= 1:
                 started = time.monotonic()
                 process.send_signal(signal.SIGTERM)
+                # In flight when the signal left (the relay's own count, read
+                # just before): the drain must finish these.
+                report.in_flight_at_stop = ready["active_requests"]
                 report.stopped = "127.0.0.1:%d" % (port,)
                 report.served_by_stopped_before_stop = sum(
                     1 for line in open(os.path.join(cluster.folder, "access.log"))
@@ -319,7 +324,7 @@ def _stop_one_in_flight(cluster: Cluster, report: Report, progress: list, after_
                 report.stop_seconds = time.monotonic() - started
                 text = open(os.path.join(cluster.folder, log_name), encoding="utf-8", errors="replace").read()
                 found = re.search(r"then finishing (\d+) requests in flight", text)
-                report.in_flight_at_stop = int(found.group(1)) if found else 0
+                report.in_flight_after_delay = int(found.group(1)) if found else 0
                 return
         time.sleep(0.002)
 
