@@ -177,6 +177,34 @@ class EchoedKeyTests(FaultTestCase):
         self.assertEqual(ujson.loads(raw)["error"]["message"], "got [REDACTED]")
         await self.assert_clean()
 
+    async def test_key_in_stream_error_and_headers_replaced(self):
+        """
+        A stream whose upstream repeats the key in a response header and in
+        its ``error`` event (as it is and JSON-escaped) reaches the client
+        with the error event's type and shape kept, the key nowhere: not in
+        the headers, not in the body.
+        """
+        self.start_relay(upstream_key=UPSTREAM_KEY)
+        error = ujson.dumps(
+            {"type": "error", "error": {"type": "overloaded_error", "message": "busy for key %s" % (UPSTREAM_KEY,)}}
+        ).encode("utf-8")
+        body = sse_events()[0] + b"event: error\ndata: " + error + b"\n\n"
+        self.upstream.script(
+            RawBytes(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n"
+                b"X-Echo: sent x-api-key=%s\r\nRequest-Id: req_echo\r\n\r\n%s"
+                % (UPSTREAM_KEY.encode("ascii"), body)
+            )
+        )
+        response = await self.stream()
+        _, payload = await self.stream_error_of(response, "overloaded_error")
+        self.assertEqual(payload["error"]["message"], "busy for key [REDACTED]")
+        headers = list(response.headers.getAllRawHeaders())
+        self.assertNotIn(UPSTREAM_KEY.encode("ascii"), repr(headers).encode("ascii"))
+        self.assertEqual(response.headers.getRawHeaders(b"x-echo"), [b"sent x-api-key=[REDACTED]"])
+        self.assertEqual(response.headers.getRawHeaders(b"request-id"), [b"req_echo"])
+        await self.assert_clean()
+
 
 def tiny_messages(count: int) -> list[dict]:
     """Many tiny alternating messages, ending on a user turn: the costliest body to parse per byte."""

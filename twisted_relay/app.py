@@ -592,7 +592,7 @@ class _RelayedRequest:
             raw, headers, upstream_body, translation,
         )
         request.setResponseCode(response.code)
-        _set_headers(request, client_response_headers(response.headers, connection_tokens(response)))
+        _set_headers(request, client_response_headers(response.headers, connection_tokens(response)), relay._secrets)
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         if (
             route.stream_ok
@@ -702,6 +702,7 @@ class _RelayedRequest:
             ping_interval=config.ping_interval or None,
             on_rewrite=lambda rewrite: relay._note_rewrite(exchange.request_id, rewrite),
             on_error_event=on_error_event,
+            redact_error=lambda raw: _without_keys(raw, relay._secrets),
         )
         request.setHeader(b"cache-control", b"no-cache")
         request.setHeader(b"x-accel-buffering", b"no")
@@ -834,9 +835,17 @@ def _whole(request, body: bytes) -> bytes:
     return body
 
 
-def _set_headers(request, headers: Headers) -> None:
+def _set_headers(request, headers: Headers, secrets: tuple[str, ...] = ()) -> None:
+    """Give the client the upstream's headers, every configured key (and Anthropic-shaped key) removed."""
     for name, values in headers.getAllRawHeaders():
-        request.responseHeaders.setRawHeaders(name, values)
+        request.responseHeaders.setRawHeaders(name, [_header_without_keys(value, secrets) for value in values])
+
+
+def _header_without_keys(value: bytes, secrets: tuple[str, ...]) -> bytes:
+    """A header value with every configured key replaced, as :func:`_without_keys` does for bodies."""
+    text = value.decode("latin-1")
+    redacted = redact_text(text, secrets)
+    return value if redacted == text else redacted.encode("latin-1")
 
 
 def _clear_headers(request) -> None:
