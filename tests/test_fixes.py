@@ -269,6 +269,30 @@ class BodyMemoryTests(FaultTestCase):
         await wait_for(lambda: self.site.body_budget.held == 0)
         await self.assert_clean()
 
+    async def test_lone_body_over_budget_let_in_either_framing(self):
+        """
+        With nothing else held, one body larger than the whole budget is let
+        in, whether it declares its length or comes in several chunks: its
+        own earlier chunks never count against it.
+        """
+        body = encode(messages_body(tiny_messages(3001), stream=False, tools=False))
+        self.start_relay(max_bodies_in_flight=len(body) // 3)
+        head = b"POST /v1/messages HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+        quarter = len(body) // 4 + 1
+        chunks = b"".join(
+            b"%x\r\n%s\r\n" % (len(piece), piece)
+            for piece in (body[n:n + quarter] for n in range(0, len(body), quarter))
+        )
+        for request in (
+            head + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + chunks + b"0\r\n\r\n",
+            head + b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body),
+        ):
+            response = parse_response(await self.raw(request).done)
+            self.assertEqual(response.status, 200, response.body[:300])
+            await wait_for(lambda: self.site.body_budget.held == 0)
+        self.assertEqual(self.upstream.request_count, 2)
+        await self.assert_clean()
+
     async def test_waiting_request_holds_no_parsed_body(self):
         """
         While a large request waits on the upstream, the relay holds its
