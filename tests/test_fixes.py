@@ -414,6 +414,37 @@ class EventHoldingTests(FaultTestCase):
         await self.assert_clean()
 
 
+class DrainErrorAnswerTests(FaultTestCase):
+    """While the relay drains, an error answer still tells the client the connection closes."""
+
+    async def test_error_answer_keeps_connection_close(self):
+        """
+        A request on a kept-alive connection during a drain whose upstream
+        answer is cut after its headers gets the relay's 502 with
+        ``Connection: close`` (the drain's), and the connection closes.
+        """
+        self.start_relay()
+        self.relay.app.begin_draining()
+        self.upstream.script(
+            RawBytes(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+                b"X-Upstream: yes\r\n\r\n{\"type\":"
+            )
+        )
+        body = encode(messages_body(tools=False))
+        client = self.raw(
+            b"POST /v1/messages HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        response = parse_response(await client.done)
+        self.assertEqual(response.status, 502, response.body)
+        self.assertEqual(ujson.loads(response.body)["type"], "error")
+        self.assertEqual(response.header(b"connection"), b"close")
+        self.assertIsNone(response.header(b"x-upstream"))
+        self.assertIsNotNone(response.header(b"x-relay-request-id"))
+        await self.assert_clean()
+
+
 class RequestIdEverywhereTests(FaultTestCase):
     """Every answer carries ``x-relay-request-id``, as the README says."""
 

@@ -848,11 +848,18 @@ def _header_without_keys(value: bytes, secrets: tuple[str, ...]) -> bytes:
     return value if redacted == text else redacted.encode("latin-1")
 
 
+# Response headers the relay set itself, kept when an error answer replaces
+# the upstream's headers: the request's id, and the drain's ``Connection: close``.
+_KEPT_ON_ERROR = (RELAY_REQUEST_ID_HEADER, b"connection")
+
+
 def _clear_headers(request) -> None:
-    keep = request.responseHeaders.getRawHeaders(RELAY_REQUEST_ID_HEADER)
-    request.responseHeaders = Headers()
-    if keep:
-        request.responseHeaders.setRawHeaders(RELAY_REQUEST_ID_HEADER, keep)
+    """Drop the upstream's headers before an error answer; keep the relay's own (:data:`_KEPT_ON_ERROR`)."""
+    old, request.responseHeaders = request.responseHeaders, Headers()
+    for name in _KEPT_ON_ERROR:
+        keep = old.getRawHeaders(name)
+        if keep:
+            request.responseHeaders.setRawHeaders(name, keep)
 
 
 def _session_id(headers: Headers) -> str | None:
