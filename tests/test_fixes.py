@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import io
 import os
+import socket
 import subprocess
 import sys
 import tracemalloc
@@ -442,6 +443,37 @@ class DrainErrorAnswerTests(FaultTestCase):
         self.assertEqual(response.header(b"connection"), b"close")
         self.assertIsNone(response.header(b"x-upstream"))
         self.assertIsNotNone(response.header(b"x-relay-request-id"))
+        await self.assert_clean()
+
+
+class DrainDeadlineTests(FaultTestCase):
+    """The shutdown grace bounds how long a client that stopped reading keeps its connection."""
+
+    async def test_stalled_reader_cut_at_the_deadline(self):
+        """
+        A streaming client that stops reading while megabytes are still to
+        come, its connection's buffers full: when the drain's grace is over
+        the relay drops the connection at once (its unsent bytes with it),
+        the request ends and nothing is left open.
+        """
+        self.start_relay()
+        text = "x" * (256 * 1024)
+        delta = b"event: content_block_delta\ndata: " + ujson.dumps(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+        ).encode("ascii") + b"\n\n"
+        # About 12 MB: more than the socket buffers on both sides hold.
+        self.upstream.script(Stream([(0.0, event) for event in sse_events()[:2] + [delta] * 48], end="hang"))
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.addCleanup(stalled.close)
+        stalled.connect(("127.0.0.1", self.relay_port))
+        stalled.sendall(self.raw_post())
+        await wait_for(lambda: self.relay.app.in_flight == 1)
+        (request,) = self.relay.app._active
+        await wait_for(lambda: request.channel.transport.producerPaused)
+        await self.relay.app.drain(0.2)
+        await wait_for(lambda: self.relay.app.in_flight == 0, timeout=2)
+        stalled.close()
         await self.assert_clean()
 
 

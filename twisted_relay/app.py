@@ -229,7 +229,7 @@ class RelayApp:
                 count=len(self._active),
             )
             for request in list(self._active):
-                request.channel.transport.loseConnection()
+                _close_now(request.channel.transport)
             self._idle_waiters.remove(waiter)
             waiter.callback(None)
 
@@ -822,6 +822,18 @@ def _without_keys(answer: bytes, secrets: tuple[str, ...]) -> bytes:
     if redacted == text:
         return answer
     return redacted.encode("utf-8", "surrogateescape")
+
+
+def _close_now(transport) -> None:
+    """
+    Close a connection at once, its unsent bytes dropped: a client that
+    stopped reading must not keep its socket past the shutdown grace.
+    """
+    abort = getattr(transport, "abortConnection", None)
+    if abort is not None:
+        abort()
+    else:
+        transport.loseConnection()
 
 
 def _stamp_request_id(request) -> None:
