@@ -101,6 +101,28 @@ class PathEscapeTests(FaultTestCase):
         await self.assert_clean()
 
 
+class NonUtf8PathTests(FaultTestCase):
+    """A path that is not UTF-8 gets the relay's own error answer."""
+
+    async def test_non_utf8_path_refused(self):
+        """
+        ``/v1/models/%FF`` gets an Anthropic-shaped 400 with its request id
+        (in the header and the body) and its length, and nothing reaches
+        the upstream.
+        """
+        self.start_relay()
+        client = self.raw(b"GET /v1/models/%FF HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
+        response = parse_response(await client.done)
+        self.assertEqual(response.status, 400)
+        self.assertTrue(response.complete)
+        self.assertEqual(response.header(b"content-type"), b"application/json")
+        body = ujson.loads(response.body)
+        self.assertEqual(body["error"]["type"], "invalid_request_error")
+        self.assertEqual(body["request_id"].encode("ascii"), response.header(b"x-relay-request-id"))
+        self.assertEqual(self.upstream.request_count, 0)
+        await self.assert_clean()
+
+
 class HopByHopTests(FaultTestCase):
     """Headers the upstream's ``Connection`` header names stay on the upstream's connection."""
 

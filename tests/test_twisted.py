@@ -149,7 +149,11 @@ class FallbackTests(TestCase):
         from twisted_relay.service import Relay, RelaySite
 
         sim = SimulatedUpstream(mode="strict", seed=2, reuse_every=1)
-        upstream_port = reactor.listenTCP(0, Site(sim.resource()), interface="127.0.0.1")
+        upstream_site = Site(sim.resource())
+        accepted = []
+        build = upstream_site.buildProtocol
+        upstream_site.buildProtocol = lambda addr: (accepted.append(addr), build(addr))[1]
+        upstream_port = reactor.listenTCP(0, upstream_site, interface="127.0.0.1")
         self.addCleanup(upstream_port.stopListening)
         config = RelayConfig(
             listen=(), upstream="http://127.0.0.1:%d" % (upstream_port.getHost().port,), dump_dir=None
@@ -198,6 +202,8 @@ class FallbackTests(TestCase):
             ids = [block["id"] for block in blocks if block["type"] == "tool_use"]
             self.assertEqual(ids, ["toolu_01AAAAAAAAAAAAAAAAAAAAAA-2"])
         self.assertEqual(len(sim.requests), 3)
+        # One upstream connection for the three requests: the pool reused it.
+        self.assertEqual(len(accepted), 1)
 
 
 class ConnectionHeaderFallbackTests(TestCase):

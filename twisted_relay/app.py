@@ -421,12 +421,7 @@ class _RelayResource(Resource):
         try:
             b"/".join(request.prepath + request.postpath).decode("utf-8")
         except UnicodeDecodeError:
-            error = RelayError(400, "The request path is not valid UTF-8.")
-            request.setResponseCode(400)
-            request.setHeader(b"content-type", _JSON)
-            request_id = _new_request_id()
-            request.setHeader(RELAY_REQUEST_ID_HEADER, request_id.encode("ascii"))
-            return _whole(request, error.body(request_id))
+            return self._relay._error(request, RelayError(400, "The request path is not valid UTF-8."))
         if self._relay._draining:
             close_after_answer(request)
         # Where the relay is mounted, for the upstream path.
