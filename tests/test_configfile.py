@@ -165,6 +165,23 @@ class FileSettingsTests(FileTestCase):
         self.assertEqual(config.dump_dir, "x")
         self.assertEqual(config.retries, 2)
 
+    def test_command_line_wins_in_every_spelling(self):
+        """
+        ``--name=value``, a short alias (``-l``, ``-u`` with its value
+        joined or apart) and an abbreviated long name win over the file's
+        values as ``--name value`` does.
+        """
+        config = self.parse(
+            "--config", self.write(EXAMPLE), "--connect-timeout=10", "-ltcp:0", "--retrie", "0",
+            "--dump-dir=x", "-u", "http://127.0.0.1:9",
+        )
+        self.assertEqual(config.connect_timeout, 10.0)
+        self.assertEqual(config.listen, ("tcp:0",))
+        self.assertEqual(config.retries, 0)
+        self.assertEqual(config.dump_dir, "x")
+        self.assertEqual([(u.name, u.url) for u in config.upstreams], [("default", "http://127.0.0.1:9")])
+        self.assertEqual(config.retry_statuses, (429, 529))
+
     def test_upstream_on_command_line(self):
         """
         ``--upstream URL`` keeps meaning one upstream for every model: it

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import io
 import os
+import socket
 import subprocess
 import sys
 import tracemalloc
@@ -100,6 +101,28 @@ class PathEscapeTests(FaultTestCase):
         await self.assert_clean()
 
 
+class NonUtf8PathTests(FaultTestCase):
+    """A path that is not UTF-8 gets the relay's own error answer."""
+
+    async def test_non_utf8_path_refused(self):
+        """
+        ``/v1/models/%FF`` gets an Anthropic-shaped 400 with its request id
+        (in the header and the body) and its length, and nothing reaches
+        the upstream.
+        """
+        self.start_relay()
+        client = self.raw(b"GET /v1/models/%FF HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
+        response = parse_response(await client.done)
+        self.assertEqual(response.status, 400)
+        self.assertTrue(response.complete)
+        self.assertEqual(response.header(b"content-type"), b"application/json")
+        body = ujson.loads(response.body)
+        self.assertEqual(body["error"]["type"], "invalid_request_error")
+        self.assertEqual(body["request_id"].encode("ascii"), response.header(b"x-relay-request-id"))
+        self.assertEqual(self.upstream.request_count, 0)
+        await self.assert_clean()
+
+
 class HopByHopTests(FaultTestCase):
     """Headers the upstream's ``Connection`` header names stay on the upstream's connection."""
 
@@ -177,6 +200,34 @@ class EchoedKeyTests(FaultTestCase):
         self.assertEqual(ujson.loads(raw)["error"]["message"], "got [REDACTED]")
         await self.assert_clean()
 
+    async def test_key_in_stream_error_and_headers_replaced(self):
+        """
+        A stream whose upstream repeats the key in a response header and in
+        its ``error`` event (as it is and JSON-escaped) reaches the client
+        with the error event's type and shape kept, the key nowhere: not in
+        the headers, not in the body.
+        """
+        self.start_relay(upstream_key=UPSTREAM_KEY)
+        error = ujson.dumps(
+            {"type": "error", "error": {"type": "overloaded_error", "message": "busy for key %s" % (UPSTREAM_KEY,)}}
+        ).encode("utf-8")
+        body = sse_events()[0] + b"event: error\ndata: " + error + b"\n\n"
+        self.upstream.script(
+            RawBytes(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n"
+                b"X-Echo: sent x-api-key=%s\r\nRequest-Id: req_echo\r\n\r\n%s"
+                % (UPSTREAM_KEY.encode("ascii"), body)
+            )
+        )
+        response = await self.stream()
+        _, payload = await self.stream_error_of(response, "overloaded_error")
+        self.assertEqual(payload["error"]["message"], "busy for key [REDACTED]")
+        headers = list(response.headers.getAllRawHeaders())
+        self.assertNotIn(UPSTREAM_KEY.encode("ascii"), repr(headers).encode("ascii"))
+        self.assertEqual(response.headers.getRawHeaders(b"x-echo"), [b"sent x-api-key=[REDACTED]"])
+        self.assertEqual(response.headers.getRawHeaders(b"request-id"), [b"req_echo"])
+        await self.assert_clean()
+
 
 def tiny_messages(count: int) -> list[dict]:
     """Many tiny alternating messages, ending on a user turn: the costliest body to parse per byte."""
@@ -239,6 +290,30 @@ class BodyMemoryTests(FaultTestCase):
         self.assertEqual(self.upstream.request_count, 1)
         first.abort()
         await wait_for(lambda: self.site.body_budget.held == 0)
+        await self.assert_clean()
+
+    async def test_lone_body_over_budget_let_in_either_framing(self):
+        """
+        With nothing else held, one body larger than the whole budget is let
+        in, whether it declares its length or comes in several chunks: its
+        own earlier chunks never count against it.
+        """
+        body = encode(messages_body(tiny_messages(3001), stream=False, tools=False))
+        self.start_relay(max_bodies_in_flight=len(body) // 3)
+        head = b"POST /v1/messages HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+        quarter = len(body) // 4 + 1
+        chunks = b"".join(
+            b"%x\r\n%s\r\n" % (len(piece), piece)
+            for piece in (body[n:n + quarter] for n in range(0, len(body), quarter))
+        )
+        for request in (
+            head + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + chunks + b"0\r\n\r\n",
+            head + b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body),
+        ):
+            response = parse_response(await self.raw(request).done)
+            self.assertEqual(response.status, 200, response.body[:300])
+            await wait_for(lambda: self.site.body_budget.held == 0)
+        self.assertEqual(self.upstream.request_count, 2)
         await self.assert_clean()
 
     async def test_waiting_request_holds_no_parsed_body(self):
@@ -359,6 +434,68 @@ class EventHoldingTests(FaultTestCase):
         response = parse_response(await client.done)
         self.assertEqual(response.status, 200)
         self.assertIn(events[3], response.body)
+        await self.assert_clean()
+
+
+class DrainErrorAnswerTests(FaultTestCase):
+    """While the relay drains, an error answer still tells the client the connection closes."""
+
+    async def test_error_answer_keeps_connection_close(self):
+        """
+        A request on a kept-alive connection during a drain whose upstream
+        answer is cut after its headers gets the relay's 502 with
+        ``Connection: close`` (the drain's), and the connection closes.
+        """
+        self.start_relay()
+        self.relay.app.begin_draining()
+        self.upstream.script(
+            RawBytes(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+                b"X-Upstream: yes\r\n\r\n{\"type\":"
+            )
+        )
+        body = encode(messages_body(tools=False))
+        client = self.raw(
+            b"POST /v1/messages HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        response = parse_response(await client.done)
+        self.assertEqual(response.status, 502, response.body)
+        self.assertEqual(ujson.loads(response.body)["type"], "error")
+        self.assertEqual(response.header(b"connection"), b"close")
+        self.assertIsNone(response.header(b"x-upstream"))
+        self.assertIsNotNone(response.header(b"x-relay-request-id"))
+        await self.assert_clean()
+
+
+class DrainDeadlineTests(FaultTestCase):
+    """The shutdown grace bounds how long a client that stopped reading keeps its connection."""
+
+    async def test_stalled_reader_cut_at_the_deadline(self):
+        """
+        A streaming client that stops reading while megabytes are still to
+        come, its connection's buffers full: when the drain's grace is over
+        the relay drops the connection at once (its unsent bytes with it),
+        the request ends and nothing is left open.
+        """
+        self.start_relay()
+        text = "x" * (256 * 1024)
+        delta = b"event: content_block_delta\ndata: " + ujson.dumps(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+        ).encode("ascii") + b"\n\n"
+        # About 12 MB: more than the socket buffers on both sides hold.
+        self.upstream.script(Stream([(0.0, event) for event in sse_events()[:2] + [delta] * 48], end="hang"))
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.addCleanup(stalled.close)
+        stalled.connect(("127.0.0.1", self.relay_port))
+        stalled.sendall(self.raw_post())
+        await wait_for(lambda: self.relay.app.in_flight == 1)
+        (request,) = self.relay.app._active
+        await wait_for(lambda: request.channel.transport.producerPaused)
+        await self.relay.app.drain(0.2)
+        await wait_for(lambda: self.relay.app.in_flight == 0, timeout=2)
+        stalled.close()
         await self.assert_clean()
 
 

@@ -1007,6 +1007,39 @@ class GateStreamTests(SynchronousTestCase):
 # -- the gate: flow control ------------------------------------------------
 
 
+class GateRedactionTests(SynchronousTestCase):
+    """``redact_error`` sees upstream ``error`` events only, and its result is what the client gets."""
+
+    def test_only_error_events_redacted(self):
+        """
+        Every event but ``error`` reaches the client as received (the
+        redactor never sees it, even when it holds the secret); an
+        ``error`` event, JSON or not, reaches it redacted.
+        """
+        seen = []
+
+        def redact(raw: bytes) -> bytes:
+            seen.append(raw)
+            return raw.replace(b"SECRET", b"[REDACTED]")
+
+        start = b'event: message_start\ndata: {"type":"message_start","message":{"id":"SECRET","content":[]}}\n\n'
+        delta = (
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+            b'"delta":{"type":"text_delta","text":"SECRET"}}\n\n'
+        )
+        error = b'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"SECRET"}}\n\n'
+        broken = b"event: error\ndata: not json SECRET\n\n"
+        gate, sink, _, _ = _gate(redact_error=redact)
+        gate.dataReceived(start + delta + error + broken)
+        gate.connectionLost(_done())
+        self.successResultOf(gate.done)
+        self.assertEqual(seen, [error, broken])
+        self.assertEqual(
+            sink.value(),
+            start + delta + error.replace(b"SECRET", b"[REDACTED]") + broken.replace(b"SECRET", b"[REDACTED]"),
+        )
+
+
 class GateFlowControlTests(SynchronousTestCase):
     """
     The gate is the push producer registered on the client request: a slow

@@ -149,7 +149,11 @@ class FallbackTests(TestCase):
         from twisted_relay.service import Relay, RelaySite
 
         sim = SimulatedUpstream(mode="strict", seed=2, reuse_every=1)
-        upstream_port = reactor.listenTCP(0, Site(sim.resource()), interface="127.0.0.1")
+        upstream_site = Site(sim.resource())
+        accepted = []
+        build = upstream_site.buildProtocol
+        upstream_site.buildProtocol = lambda addr: (accepted.append(addr), build(addr))[1]
+        upstream_port = reactor.listenTCP(0, upstream_site, interface="127.0.0.1")
         self.addCleanup(upstream_port.stopListening)
         config = RelayConfig(
             listen=(), upstream="http://127.0.0.1:%d" % (upstream_port.getHost().port,), dump_dir=None
@@ -198,6 +202,59 @@ class FallbackTests(TestCase):
             ids = [block["id"] for block in blocks if block["type"] == "tool_use"]
             self.assertEqual(ids, ["toolu_01AAAAAAAAAAAAAAAAAAAAAA-2"])
         self.assertEqual(len(sim.requests), 3)
+        # One upstream connection for the three requests: the pool reused it.
+        self.assertEqual(len(accepted), 1)
+
+
+class ConnectionHeaderFallbackTests(TestCase):
+    """With ``connection_header`` off, what still holds of hop-by-hop headers, over real sockets."""
+
+    def setUp(self):
+        held, why = _twisted.probe(hide={"connHeaders"})
+        self.assertEqual(set(why), {"connection_header"})
+        before = _twisted.use(held)
+        self.addCleanup(_twisted.use, before)
+
+    async def test_standard_hop_by_hop_headers_still_dropped(self):
+        """
+        The standard hop-by-hop headers never reach the client; a header
+        only the upstream's ``Connection`` header names does (as the module
+        docstring and the start-up warning say), and end-to-end ones pass.
+        """
+        import treq
+
+        from tests.faulty_upstream import FaultyUpstream, RawBytes
+        from twisted_relay.service import Relay, RelaySite
+
+        upstream = FaultyUpstream(reactor)
+        upstream_url = upstream.listen()
+        self.addCleanup(upstream.stop)
+        body = b'{"type":"message","id":"msg_1","role":"assistant","content":[]}'
+        upstream.script(
+            RawBytes(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close, X-Foo\r\n"
+                b"Keep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nProxy-Authenticate: Basic\r\n"
+                b"Trailer: X-Sum\r\nUpgrade: h2c\r\nTE: trailers\r\nX-Foo: connection-only\r\n"
+                b"X-Keep: yes\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+        )
+        relay = Relay(RelayConfig(listen=(), upstream=upstream_url, dump_dir=None), reactor)
+        relay.service.startService()
+        self.addCleanup(relay.service.stopService)
+        port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        response = await treq.post(
+            "http://127.0.0.1:%d/v1/messages" % (port.getHost().port,),
+            data=encode(messages_body(tools=False)),
+            headers={"content-type": ["application/json"]},
+            persistent=False,
+        )
+        self.assertEqual(ujson.loads(await treq.content(response))["id"], "msg_1")
+        for name in (b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"trailer", b"upgrade", b"te"):
+            self.assertIsNone(response.headers.getRawHeaders(name), name)
+        self.assertEqual(response.headers.getRawHeaders(b"x-keep"), [b"yes"])
+        self.assertEqual(response.headers.getRawHeaders(b"x-foo"), [b"connection-only"])
+        self.assertIn("connection_header", _twisted.COST_WHEN_OFF)
 
 
 class ListenErrorTests(TestCase):

@@ -37,8 +37,14 @@ At import each assumption is checked, by name and by behaviour (a probe
 drives the very code path on in-memory transports). One that does not hold
 is switched off, with one log line saying so, and the relay takes Twisted's
 public path instead: plain ``transport.write``, Twisted's own pool,
-connection factory and chunked decoder, Twisted's ``Agent``. A broken
-assumption therefore costs speed, never a corrupted stream.
+connection factory and chunked decoder, Twisted's ``Agent``. Four of the
+five then cost speed only, never a corrupted stream. ``connection_header``
+off costs more: Twisted's public response does not show the upstream's
+``Connection`` header, so the headers it names (``Connection: x-foo`` with
+``X-Foo``) reach the client again (the standard hop-by-hop headers,
+``Keep-Alive``, ``Upgrade`` and the rest, are still dropped by name), and
+a connection the upstream closes with ``Connection: close, x-foo`` may be
+pooled, its next request failing (and sent again where retries allow).
 ``tests.test_twisted`` asserts every assumption holds on the Twisted the
 suite runs on, and runs the relay with all of them switched off.
 """
@@ -56,6 +62,7 @@ from twisted.web import http as _http
 
 __all__ = [
     "CHUNK_EXTENSION_CHARS",
+    "COST_WHEN_OFF",
     "DataLoss",
     "MalformedChunkedData",
     "TwistedChunkedDecoder",
@@ -687,13 +694,25 @@ def active() -> Assumptions:
     return _active
 
 
+#: What the relay loses with an assumption off, where it is more than speed.
+COST_WHEN_OFF = {
+    "connection_header": (
+        "headers named in an upstream's Connection header reach the client (the standard hop-by-hop "
+        "headers are still dropped), and a connection the upstream closes with 'Connection: close, "
+        "<name>' may be pooled"
+    ),
+}
+
+
 def _start() -> None:
     held, why = probe()
     for name, problem in why.items():
         _log.warn(
-            "Twisted internals: {assumption} is off, the relay takes Twisted's public path instead ({why})",
+            "Twisted internals: {assumption} is off, the relay takes Twisted's public path instead ({why});"
+            " this costs {cost}",
             assumption=name,
             why=problem,
+            cost=COST_WHEN_OFF.get(name, "speed only"),
         )
     use(held)
 

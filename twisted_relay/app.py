@@ -229,7 +229,7 @@ class RelayApp:
                 count=len(self._active),
             )
             for request in list(self._active):
-                request.channel.transport.loseConnection()
+                _close_now(request.channel.transport)
             self._idle_waiters.remove(waiter)
             waiter.callback(None)
 
@@ -421,12 +421,7 @@ class _RelayResource(Resource):
         try:
             b"/".join(request.prepath + request.postpath).decode("utf-8")
         except UnicodeDecodeError:
-            error = RelayError(400, "The request path is not valid UTF-8.")
-            request.setResponseCode(400)
-            request.setHeader(b"content-type", _JSON)
-            request_id = _new_request_id()
-            request.setHeader(RELAY_REQUEST_ID_HEADER, request_id.encode("ascii"))
-            return _whole(request, error.body(request_id))
+            return self._relay._error(request, RelayError(400, "The request path is not valid UTF-8."))
         if self._relay._draining:
             close_after_answer(request)
         # Where the relay is mounted, for the upstream path.
@@ -592,7 +587,7 @@ class _RelayedRequest:
             raw, headers, upstream_body, translation,
         )
         request.setResponseCode(response.code)
-        _set_headers(request, client_response_headers(response.headers, connection_tokens(response)))
+        _set_headers(request, client_response_headers(response.headers, connection_tokens(response)), relay._secrets)
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         if (
             route.stream_ok
@@ -702,6 +697,7 @@ class _RelayedRequest:
             ping_interval=config.ping_interval or None,
             on_rewrite=lambda rewrite: relay._note_rewrite(exchange.request_id, rewrite),
             on_error_event=on_error_event,
+            redact_error=lambda raw: _without_keys(raw, relay._secrets),
         )
         request.setHeader(b"cache-control", b"no-cache")
         request.setHeader(b"x-accel-buffering", b"no")
@@ -823,6 +819,18 @@ def _without_keys(answer: bytes, secrets: tuple[str, ...]) -> bytes:
     return redacted.encode("utf-8", "surrogateescape")
 
 
+def _close_now(transport) -> None:
+    """
+    Close a connection at once, its unsent bytes dropped: a client that
+    stopped reading must not keep its socket past the shutdown grace.
+    """
+    abort = getattr(transport, "abortConnection", None)
+    if abort is not None:
+        abort()
+    else:
+        transport.loseConnection()
+
+
 def _stamp_request_id(request) -> None:
     """Give an answer the relay makes itself its ``x-relay-request-id``, as every answer has."""
     request.setHeader(RELAY_REQUEST_ID_HEADER, _new_request_id().encode("ascii"))
@@ -834,16 +842,31 @@ def _whole(request, body: bytes) -> bytes:
     return body
 
 
-def _set_headers(request, headers: Headers) -> None:
+def _set_headers(request, headers: Headers, secrets: tuple[str, ...] = ()) -> None:
+    """Give the client the upstream's headers, every configured key (and Anthropic-shaped key) removed."""
     for name, values in headers.getAllRawHeaders():
-        request.responseHeaders.setRawHeaders(name, values)
+        request.responseHeaders.setRawHeaders(name, [_header_without_keys(value, secrets) for value in values])
+
+
+def _header_without_keys(value: bytes, secrets: tuple[str, ...]) -> bytes:
+    """A header value with every configured key replaced, as :func:`_without_keys` does for bodies."""
+    text = value.decode("latin-1")
+    redacted = redact_text(text, secrets)
+    return value if redacted == text else redacted.encode("latin-1")
+
+
+# Response headers the relay set itself, kept when an error answer replaces
+# the upstream's headers: the request's id, and the drain's ``Connection: close``.
+_KEPT_ON_ERROR = (RELAY_REQUEST_ID_HEADER, b"connection")
 
 
 def _clear_headers(request) -> None:
-    keep = request.responseHeaders.getRawHeaders(RELAY_REQUEST_ID_HEADER)
-    request.responseHeaders = Headers()
-    if keep:
-        request.responseHeaders.setRawHeaders(RELAY_REQUEST_ID_HEADER, keep)
+    """Drop the upstream's headers before an error answer; keep the relay's own (:data:`_KEPT_ON_ERROR`)."""
+    old, request.responseHeaders = request.responseHeaders, Headers()
+    for name in _KEPT_ON_ERROR:
+        keep = old.getRawHeaders(name)
+        if keep:
+            request.responseHeaders.setRawHeaders(name, keep)
 
 
 def _session_id(headers: Headers) -> str | None:

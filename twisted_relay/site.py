@@ -23,8 +23,9 @@ class BodyBudget:
     The bytes of request bodies a relay process holds at once, and their
     limit (0: none). A body is counted from its first byte (its whole
     declared length at once) until its request is finished or its
-    connection lost. One body is always let in when none is held, however
-    large (``max_body`` bounds it).
+    connection lost. One body is always let in when no other request holds
+    any, however large (``max_body`` bounds it), whether its length is
+    declared or it comes chunk by chunk.
 
     :ivar held: bytes counted now.
     """
@@ -33,9 +34,13 @@ class BodyBudget:
         self.limit = limit
         self.held = 0
 
-    def reserve(self, size: int) -> bool:
-        """Count ``size`` more bytes, if the limit allows; say whether it did."""
-        if self.limit and self.held and self.held + size > self.limit:
+    def reserve(self, size: int, own: int = 0) -> bool:
+        """
+        Count ``size`` more bytes, if the limit allows; say whether it did.
+        ``own`` is what the same request holds already (its earlier chunks):
+        only bytes held by other requests can refuse it.
+        """
+        if self.limit and self.held > own and self.held + size > self.limit:
             return False
         self.held += size
         return True
@@ -111,7 +116,7 @@ class _RelayRequest(Request):
         budget = getattr(self.channel.site, "body_budget", None)
         if budget is None or not size:
             return True
-        if not budget.reserve(size):
+        if not budget.reserve(size, self._reserved):
             self.over_budget = True
             return False
         if not self._reserved:

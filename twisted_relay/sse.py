@@ -475,6 +475,10 @@ class SSEGate(Protocol):
     :param on_rewrite: called with each ``Rewrite`` the translator records.
     :param on_error_event: called with the parsed payload of every upstream
         ``error`` event.
+    :param redact_error: given the bytes of every upstream ``error`` event,
+        returns them with secrets removed (an upstream may repeat the key it
+        was sent); ``None`` passes them as they are. Other events never
+        reach it.
 
     :ivar done: fires ``None`` when the upstream body ended after a complete
         stream; errbacks with :class:`~twisted_relay.errors.RelayError` when it
@@ -501,6 +505,7 @@ class SSEGate(Protocol):
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         on_rewrite: Callable[[Rewrite], None] | None = None,
         on_error_event: Callable[[dict], None] | None = None,
+        redact_error: Callable[[bytes], bytes] | None = None,
     ):
         self._write = write
         self._translator = translator
@@ -510,6 +515,7 @@ class SSEGate(Protocol):
         self._ping_interval = ping_interval
         self._on_rewrite = on_rewrite
         self._on_error_event = on_error_event
+        self._redact_error = redact_error
         self._framer = EventFramer(max_event_bytes)
         self.done: Deferred[None] = Deferred(lambda d: self.stopProducing())
         self._paused = False
@@ -706,6 +712,7 @@ class SSEGate(Protocol):
         if name == _ERROR:
             # The upstream reported its own end, readable or not.
             self.error_event_seen = True
+            return self._error_event(raw)
         try:
             payload = ujson.loads(parse_event(raw)[1])
         except ValueError:
@@ -715,10 +722,6 @@ class SSEGate(Protocol):
             )
             return None
         if not isinstance(payload, dict):
-            return None
-        if name == _ERROR:
-            if self._on_error_event is not None:
-                self._on_error_event(payload)
             return None
         translator = self._translator
         if translator is None:
@@ -745,6 +748,23 @@ class SSEGate(Protocol):
             return None
         self.events_rewritten += 1
         return b"event: " + name + b"\ndata: " + to_json(payload) + b"\n\n"
+
+    def _error_event(self, raw: bytes) -> bytes | None:
+        """
+        Report an upstream ``error`` event; return its bytes with secrets
+        removed when that changed them, else ``None``.
+        """
+        try:
+            payload = ujson.loads(parse_event(raw)[1])
+        except ValueError:
+            self.log.warn("An upstream error event is not JSON; passed through.")
+            payload = None
+        if isinstance(payload, dict) and self._on_error_event is not None:
+            self._on_error_event(payload)
+        if self._redact_error is None:
+            return None
+        redacted = self._redact_error(raw)
+        return None if redacted == raw else redacted
 
     def _send(self, data: bytes) -> None:
         self.bytes_written += len(data)

@@ -5,6 +5,7 @@ The ``twistd relay`` command: its options and the service it makes.
 
 from __future__ import annotations
 
+import getopt
 import os
 import re
 import socket
@@ -192,8 +193,6 @@ class Options(usage.Options):
         # The options given on the command line, which win over the file's.
         self._given: set[str] = set()
         self._argv: tuple[str, ...] = ()
-        for name, handler in list(self._dispatch.items()):
-            self._dispatch[name] = _recording(name, handler, self._given)
 
     def _option_kinds(self) -> dict[str, str]:
         """Each long option and how it takes its value, for the file's ``[relay]`` table."""
@@ -209,6 +208,7 @@ class Options(usage.Options):
         message).
         """
         self._argv = tuple(sys.argv[1:] if options is None else options)
+        self._given = _given_options(self._argv, self.shortOpt, self.longOpt, self.synonyms)
         try:
             super().parseOptions(options)
         except usage.UsageError as e:
@@ -416,16 +416,25 @@ class Options(usage.Options):
         )
 
 
-def _recording(name: str, handler, given: set):
-    """An option handler that also notes the option was given."""
-
-    def record(option, value=None):
-        given.add(name)
-        if isinstance(handler, usage.CoerceParameter):
-            return handler.dispatch(option, value)
-        return handler(option, value)
-
-    return record
+def _given_options(argv: tuple[str, ...], short: str, long: list[str], synonyms: dict[str, str]) -> set[str]:
+    """
+    The options ``argv`` gives, by their long names: read with ``getopt`` and
+    the same option tables ``usage.Options`` parses with, so every spelling
+    counts (``--name=value``, ``--name value``, a short alias, a flag, an
+    unambiguous prefix of a long name). Empty when ``argv`` does not parse
+    (the parse itself then says why).
+    """
+    try:
+        pairs, _ = getopt.getopt(list(argv), short, long)
+    except getopt.GetoptError:
+        return set()
+    given = set()
+    for option, _ in pairs:
+        name = option.lstrip("-")
+        name = synonyms.get(name) or synonyms.get(name.replace("-", "_"))
+        if name is not None:
+            given.add(name)
+    return given
 
 
 def _named_in_file(error: usage.UsageError, settings: FileSettings | None, given: set) -> usage.UsageError:
