@@ -19,9 +19,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
+import ujson
 from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.web.http_headers import Headers
 
-from twisted_relay.thread_store import IThreadStore
+from twisted_relay.thread_store import IThreadStore, thread_store_for
 from twisted_relay.threads import (
     CONTINUE,
     AnswerRecorder,
@@ -31,9 +34,16 @@ from twisted_relay.threads import (
     rebuild_request,
     thread_not_found,
     thread_of,
+    without_threads_beta,
 )
 
-__all__ = ["ThreadKeeper", "ThreadTurn", "owner_of"]
+__all__ = ["THREAD_MODES", "ThreadKeeper", "ThreadTurn", "credential_of", "keeper_for", "owner_of"]
+
+#: How the relay treats threads towards an upstream: ``relay`` holds them
+#: itself and sends plain requests.
+THREAD_MODES = ("relay",)
+
+_log = Logger()
 
 
 def owner_of(credential: str | None) -> str:
@@ -46,6 +56,31 @@ def owner_of(credential: str | None) -> str:
     if not credential:
         return ""
     return hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def credential_of(headers: Headers) -> str | None:
+    """
+    The credential a client presents (its relay key when relay keys are on,
+    else the key it sends on): ``x-api-key``, else ``Authorization``.
+    """
+    for name in (b"x-api-key", b"authorization"):
+        values = headers.getRawHeaders(name)
+        if values:
+            return values[0].decode("latin-1")
+    return None
+
+
+def keeper_for(config, clock) -> ThreadKeeper:
+    """The :class:`ThreadKeeper` of a :class:`~twisted_relay.config.RelayConfig`."""
+    return ThreadKeeper(
+        thread_store_for(
+            config.thread_store,
+            clock,
+            ttl=config.thread_ttl or None,
+            max_threads=config.thread_max_count,
+            max_bytes=config.thread_max_bytes,
+        )
+    )
 
 
 class ThreadTurn:
@@ -90,6 +125,31 @@ class ThreadTurn:
         if self.previous_message_id is None:
             return defer.succeed(None)
         return self._keeper.store.abort(self._keeper.key(self._owner, self.previous_message_id))
+
+    def answered_json(self, answer: bytes) -> defer.Deferred:
+        """A whole JSON answer (as the client receives it) was given."""
+        try:
+            message = ujson.loads(answer)
+        except (ValueError, OverflowError):
+            message = None
+        return self.answered(message)
+
+    @staticmethod
+    def upstream_headers(headers: Headers) -> Headers:
+        """``headers`` without the threads beta: the request sent is plain."""
+        values = headers.getRawHeaders(b"anthropic-beta")
+        if values:
+            kept = without_threads_beta(", ".join(v.decode("latin-1") for v in values))
+            if kept is None:
+                headers.removeHeader(b"anthropic-beta")
+            else:
+                headers.setRawHeaders(b"anthropic-beta", [kept.encode("latin-1")])
+        return headers
+
+    @property
+    def settled(self) -> bool:
+        """Whether the turn was settled (answered or failed)."""
+        return self._settled
 
     def recording(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:
         """A ``write`` for the stream's gate: writes to the client and records
