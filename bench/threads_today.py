@@ -8,9 +8,9 @@ reuses ids). All on 127.0.0.1, in this process.
     python -m bench.threads_today --turns 30
 
 Per run: the turns completed, the error that ended the session if one did,
-and how many tool-use ids the client saw more than once. The relay's thread
-support (issue 15) is meant to turn every "through the relay" row into
-"all turns, no duplicate".
+and how many tool-use ids the client saw more than once. With the relay holding
+threads (issue 15), every "through the relay" row is "all turns, no
+duplicate"; the direct rows show what a session meets without it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ UPSTREAMS = (
     ("rejects thread (strict)", {"mode": "strict", "threads": "rejects"}),
     ("knows threads (stateful)", {"mode": "stateful", "threads": "knows"}),
 )
+#: The id policy each simulated mode needs (a stateful upstream checks it
+#: gets back exactly the ids it emitted: docs/id-translation.md).
+UPSTREAM_IDS = {"strict": "unique", "stateful": "original"}
 
 
 def tool_runner_session(base_url: str, turns: int) -> dict:
@@ -75,7 +78,10 @@ async def run(reactor, turns: int, seed: int) -> list[tuple[str, str, dict]]:
             url = f"http://127.0.0.1:{upstream_port.getHost().port}"
             relay = relay_port = None
             if through_relay:
-                relay = Relay(RelayConfig(listen=(), upstream=url, dump_dir=None), reactor)
+                config = RelayConfig(
+                    listen=(), upstream=url, dump_dir=None, upstream_ids=UPSTREAM_IDS[options["mode"]]
+                )
+                relay = Relay(config, reactor)
                 relay.service.startService()
                 relay_port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
                 url = f"http://127.0.0.1:{relay_port.getHost().port}"

@@ -1,0 +1,93 @@
+"""
+End to end with the official Python SDK's default tool runner (threads on):
+200 turns through the relay, on real 127.0.0.1 sockets, in front of a
+strict simulated upstream that reuses ids and ignores or rejects the
+``thread`` field, and in front of a stateful one that knows threads and
+reuses ids. Zero failed turns, no tool-use id seen twice, every continue
+found its thread; the same sessions straight to those upstreams fail.
+"""
+
+from __future__ import annotations
+
+from twisted.internet import reactor
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import TestCase
+from twisted.web.server import Site
+
+from bench.threads_today import UPSTREAM_IDS, tool_runner_session
+from twisted_relay.config import RelayConfig
+from twisted_relay.service import Relay, RelaySite
+from twisted_relay.simulated import SimulatedUpstream
+
+TURNS = 200
+
+
+class ToolRunnerThreadTests(TestCase):
+    """The SDK's tool runner keeps one thread for 200 turns through the relay."""
+
+    timeout = 120
+
+    def upstream(self, mode: str, threads: str) -> str:
+        simulated = SimulatedUpstream(mode=mode, threads=threads, seed=1, reactor=reactor)
+        port = reactor.listenTCP(0, Site(simulated.resource()), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        return "http://127.0.0.1:%d" % (port.getHost().port,)
+
+    def relay(self, upstream: str, mode: str) -> tuple[str, Relay]:
+        config = RelayConfig(listen=(), upstream=upstream, dump_dir=None, upstream_ids=UPSTREAM_IDS[mode])
+        relay = Relay(config, reactor)
+        relay.service.startService()
+        self.addCleanup(relay.service.stopService)
+        port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        return "http://127.0.0.1:%d" % (port.getHost().port,), relay
+
+    async def through_relay(self, mode: str, threads: str) -> None:
+        base, relay = self.relay(self.upstream(mode, threads), mode)
+        result = await deferToThread(tool_runner_session, base, TURNS)
+        self.assertEqual(result, {"completed": TURNS, "error": None, "duplicates": 0})
+        store = relay.app.threads.store
+        # Every turn after the first was a continue the relay found: no replay.
+        self.assertEqual((store.hits, store.misses), (TURNS - 1, 0))
+
+    async def test_strict_ignoring_threads(self):
+        """A strict upstream that ignores ``thread`` gets whole requests: 200 turns, no duplicate id."""
+        await self.through_relay("strict", "ignore")
+
+    async def test_strict_rejecting_threads(self):
+        """A strict upstream that refuses ``thread`` never sees it: 200 turns, no duplicate id."""
+        await self.through_relay("strict", "rejects")
+
+    async def test_stateful_knowing_threads(self):
+        """A stateful upstream that knows threads and reuses ids: 200 turns, no duplicate id."""
+        await self.through_relay("stateful", "knows")
+
+
+class DirectFailureTests(TestCase):
+    """Without the relay the same sessions fail: what the relay's threads are for."""
+
+    timeout = 60
+
+    async def direct(self, mode: str, threads: str, turns: int) -> dict:
+        simulated = SimulatedUpstream(mode=mode, threads=threads, seed=1, reactor=reactor)
+        port = reactor.listenTCP(0, Site(simulated.resource()), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        return await deferToThread(tool_runner_session, "http://127.0.0.1:%d" % (port.getHost().port,), turns)
+
+    async def test_strict_ignoring(self):
+        """The continue reaches the upstream without its history: refused at turn 2."""
+        result = await self.direct("strict", "ignore", 10)
+        self.assertEqual(result["completed"], 1)
+        self.assertIn("unexpected `tool_use_id`", result["error"])
+
+    async def test_strict_rejecting(self):
+        """The ``thread`` field itself is refused at turn 1."""
+        result = await self.direct("strict", "rejects", 10)
+        self.assertEqual(result["completed"], 0)
+        self.assertIn("thread: Extra inputs are not permitted", result["error"])
+
+    async def test_stateful_knowing(self):
+        """The session goes on but the client sees reused ids."""
+        result = await self.direct("stateful", "knows", 30)
+        self.assertEqual(result["completed"], 30)
+        self.assertGreater(result["duplicates"], 0)
