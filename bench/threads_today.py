@@ -36,8 +36,14 @@ UPSTREAMS = (
 UPSTREAM_IDS = {"strict": "unique", "stateful": "original"}
 
 
-def tool_runner_session(base_url: str, turns: int) -> dict:
-    """The SDK's default tool runner for ``turns`` turns; runs in a thread."""
+def tool_runner_session(base_url: str, turns: int, *, fresh_connections: bool = False, on_turn=None) -> dict:
+    """
+    The SDK's default tool runner for ``turns`` turns; runs in a thread.
+
+    :param fresh_connections: one connection per request (none kept alive),
+        so that relay workers sharing a port each take some.
+    :param on_turn: called with the number of turns completed after each.
+    """
     import anthropic
     from anthropic import beta_tool
 
@@ -50,7 +56,14 @@ def tool_runner_session(base_url: str, turns: int) -> dict:
         """
         return f"sunny in {location}"
 
-    client = anthropic.Anthropic(base_url=base_url, api_key="sk-bench", max_retries=0, timeout=30)
+    http_client = None
+    if fresh_connections:
+        import httpx2 as httpx
+
+        http_client = anthropic.DefaultHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))
+    client = anthropic.Anthropic(
+        base_url=base_url, api_key="sk-bench", max_retries=0, timeout=30, http_client=http_client
+    )
     completed, error, ids = 0, None, Counter()
     try:
         runner = client.beta.messages.tool_runner(
@@ -60,6 +73,8 @@ def tool_runner_session(base_url: str, turns: int) -> dict:
         )
         for message in runner:
             completed += 1
+            if on_turn is not None:
+                on_turn(completed)
             ids.update(block.id for block in message.content if block.type == "tool_use")
     except anthropic.APIStatusError as caught:
         message = caught.body.get("error", {}).get("message") if isinstance(caught.body, dict) else caught.body
