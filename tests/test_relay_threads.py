@@ -219,3 +219,42 @@ class RelayHeldThreadTests(_ThreadedRelay):
         relay.flush()
         error = json.loads(self.successResultOf(content))["error"]
         self.assertEqual(error["details"], {"error_code": "thread_continue_in_flight"})
+
+
+class PassedThroughThreadTests(_ThreadedRelay):
+    """``threads = upstream``: the thread is passed to an upstream that knows threads."""
+
+    def relay(self, **settings) -> InMemoryRelay:
+        self.clock = MemoryReactorClock()
+        self.upstream = SimulatedUpstream(mode="stateful", seed=3, threads="knows", reactor=self.clock)
+        config = RelayConfig(
+            listen=(), upstream=UPSTREAM_URL, dump_dir=None, upstream_ids="original", threads="upstream"
+        ).with_changes(**settings)
+        return InMemoryRelay(self.upstream.resource(), config, clock=self.clock)
+
+    def test_continues_reach_the_upstreams_thread(self):
+        """
+        Each continue is a continue upstream too (the upstream found its own
+        thread every time) and carries only the new, translated messages:
+        a stateful upstream that reuses ids accepts every turn, and the
+        client never sees an id twice.
+        """
+        relay = self.relay()
+        code, answer = self.call(relay, messages_body(thread=CREATE))
+        self.assertEqual(code, 200, answer)
+        seen = [b["id"] for b in answer["content"] if b["type"] == "tool_use"]
+        for _ in range(12):
+            body = messages_body(results_for(answer), tools=False, thread=continuing(answer["id"]))
+            code, answer = self.call(relay, body)
+            self.assertEqual(code, 200, answer)
+            seen += [b["id"] for b in answer["content"] if b["type"] == "tool_use"]
+        self.assertEqual(len(seen), len(set(seen)))
+        self.assertEqual(self.upstream.threads.store.hits, 12)
+        self.assertEqual(relay.app.threads.store.hits, 12)
+
+    def test_unknown_to_the_relay(self):
+        """A continue from an answer the relay did not see is ``thread_not_found``; nothing goes upstream."""
+        relay = self.relay()
+        result = self.call(relay, messages_body(tools=False, thread=continuing("msg_unknown")))
+        self.assertThreadError(result, 404, "not_found_error", "thread_not_found")
+        self.assertEqual((self.upstream.threads.store.hits, self.upstream.threads.store.misses), (0, 0))

@@ -27,14 +27,10 @@ class ToolRunnerThreadTests(TestCase):
 
     timeout = 120
 
-    def upstream(self, mode: str, threads: str) -> str:
-        simulated = SimulatedUpstream(mode=mode, threads=threads, seed=1, reactor=reactor)
-        port = reactor.listenTCP(0, Site(simulated.resource()), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        return "http://127.0.0.1:%d" % (port.getHost().port,)
-
-    def relay(self, upstream: str, mode: str) -> tuple[str, Relay]:
-        config = RelayConfig(listen=(), upstream=upstream, dump_dir=None, upstream_ids=UPSTREAM_IDS[mode])
+    def relay(self, upstream: str, mode: str, relay_threads: str) -> tuple[str, Relay]:
+        config = RelayConfig(
+            listen=(), upstream=upstream, dump_dir=None, upstream_ids=UPSTREAM_IDS[mode], threads=relay_threads
+        )
         relay = Relay(config, reactor)
         relay.service.startService()
         self.addCleanup(relay.service.stopService)
@@ -42,13 +38,19 @@ class ToolRunnerThreadTests(TestCase):
         self.addCleanup(port.stopListening)
         return "http://127.0.0.1:%d" % (port.getHost().port,), relay
 
-    async def through_relay(self, mode: str, threads: str) -> None:
-        base, relay = self.relay(self.upstream(mode, threads), mode)
+    async def through_relay(self, mode: str, threads: str, relay_threads: str = "relay") -> None:
+        simulated = SimulatedUpstream(mode=mode, threads=threads, seed=1, reactor=reactor)
+        port = reactor.listenTCP(0, Site(simulated.resource()), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        base, relay = self.relay("http://127.0.0.1:%d" % (port.getHost().port,), mode, relay_threads)
         result = await deferToThread(tool_runner_session, base, TURNS)
         self.assertEqual(result, {"completed": TURNS, "error": None, "duplicates": 0})
         store = relay.app.threads.store
         # Every turn after the first was a continue the relay found: no replay.
         self.assertEqual((store.hits, store.misses), (TURNS - 1, 0))
+        if relay_threads == "upstream":
+            # Every continue was passed on, and found its thread upstream.
+            self.assertEqual(simulated.threads.store.hits, TURNS - 1)
 
     async def test_strict_ignoring_threads(self):
         """A strict upstream that ignores ``thread`` gets whole requests: 200 turns, no duplicate id."""
@@ -61,6 +63,10 @@ class ToolRunnerThreadTests(TestCase):
     async def test_stateful_knowing_threads(self):
         """A stateful upstream that knows threads and reuses ids: 200 turns, no duplicate id."""
         await self.through_relay("stateful", "knows")
+
+    async def test_stateful_threads_passed_through(self):
+        """``--threads upstream``: the same upstream keeps the thread itself; 200 turns, no duplicate id."""
+        await self.through_relay("stateful", "knows", "upstream")
 
 
 class DirectFailureTests(TestCase):

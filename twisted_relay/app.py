@@ -588,6 +588,8 @@ class _RelayedRequest:
                 translation = translate_request(body, config.upstream_ids)
                 relay._note_repairs(self.id, translation)
                 upstream_body = to_json(translation.upstream_body) if translation.changed else raw
+                if self._turn is not None:
+                    upstream_body = self._turn.upstream_bytes(translation.upstream_body, upstream_body)
                 # The parsed body (often ten times the size of its bytes) is
                 # not needed once serialised: a request that waits on the
                 # upstream holds its bytes only.

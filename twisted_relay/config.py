@@ -198,7 +198,8 @@ class RelayConfig:
     :ivar threads: how message threads are carried (``docs/threads.md``):
         ``relay``, the relay holds each thread and sends the upstream plain,
         whole requests (any upstream, ``https://api.anthropic.com``
-        included).
+        included); ``upstream``, for an upstream that knows threads, the
+        thread is passed on with only the new messages, translated.
     :ivar thread_store: where threads are kept: ``memory`` (this process)
         or a ``redis://`` URL (shared by workers and machines).
     :ivar thread_ttl: seconds a thread lives after its last use; 0: until

@@ -173,7 +173,8 @@ class Options(usage.Options):
             None,
             "relay",
             "How message threads are carried: relay (the relay holds each thread and sends the "
-            "upstream plain, whole requests; any upstream, api.anthropic.com included).",
+            "upstream plain, whole requests; any upstream, api.anthropic.com included) or upstream "
+            "(for an upstream that knows threads: only the new messages, translated, are sent).",
         ],
         [
             "thread-store",

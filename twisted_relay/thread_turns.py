@@ -24,9 +24,11 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
+from twisted_relay._json import to_json
 from twisted_relay.thread_store import IThreadStore, thread_store_for
 from twisted_relay.threads import (
     CONTINUE,
+    CREATE_ONLY_FIELDS,
     AnswerRecorder,
     Conversation,
     ThreadError,
@@ -40,8 +42,9 @@ from twisted_relay.threads import (
 __all__ = ["THREAD_MODES", "ThreadKeeper", "ThreadTurn", "credential_of", "keeper_for", "owner_of"]
 
 #: How the relay treats threads towards an upstream: ``relay`` holds them
-#: itself and sends plain requests.
-THREAD_MODES = ("relay",)
+#: itself and sends plain requests; ``upstream`` passes them to an upstream
+#: that knows threads (sending only the new messages, translated).
+THREAD_MODES = ("relay", "upstream")
 
 _log = Logger()
 
@@ -79,7 +82,8 @@ def keeper_for(config, clock) -> ThreadKeeper:
             ttl=config.thread_ttl or None,
             max_threads=config.thread_max_count,
             max_bytes=config.thread_max_bytes,
-        )
+        ),
+        upstream_knows=config.threads == "upstream",
     )
 
 
@@ -91,13 +95,19 @@ class ThreadTurn:
     :ivar request: the plain, thread-less request, to translate and send.
     :ivar previous_message_id: the answer a ``continue`` resumes from
         (``None`` for a ``create``).
+    :ivar new_messages: how many messages the client sent in this request
+        (the tail of :attr:`request`).
     """
 
-    def __init__(self, keeper: ThreadKeeper, owner: str, request: dict, previous_message_id: str | None):
+    def __init__(
+        self, keeper: ThreadKeeper, owner: str, request: dict, previous_message_id: str | None,
+        new_messages: int = 0,
+    ):
         self._keeper = keeper
         self._owner = owner
         self.request = request
         self.previous_message_id = previous_message_id
+        self.new_messages = new_messages
         self._recorder: AnswerRecorder | None = None
         self._settled = False
 
@@ -134,9 +144,35 @@ class ThreadTurn:
             message = None
         return self.answered(message)
 
-    @staticmethod
-    def upstream_headers(headers: Headers) -> Headers:
-        """``headers`` without the threads beta: the request sent is plain."""
+    def upstream_bytes(self, translated: dict, plain: bytes) -> bytes:
+        """
+        What is sent upstream once :attr:`request` is translated
+        (``translated``, serialised as ``plain``): ``plain`` for an upstream
+        that does not know threads; for one that does, the thread field
+        again, and for a ``continue`` only the translated new messages
+        (without ``system``/``tools``, which the upstream holds). A whole
+        request translates every message exactly as the upstream's thread
+        already holds it (a block's upstream id never changes on later
+        turns), so the new messages fit the upstream's thread.
+        """
+        if not self._keeper.upstream_knows:
+            return plain
+        sent = dict(translated)
+        previous = self.previous_message_id
+        if previous is None:
+            sent["thread"] = {"type": "create"}
+        else:
+            sent["thread"] = {"type": CONTINUE, "previous_message_id": previous}
+            for name in CREATE_ONLY_FIELDS:
+                sent.pop(name, None)
+            messages = translated.get("messages") or []
+            sent["messages"] = messages[len(messages) - self.new_messages:] if self.new_messages else []
+        return to_json(sent)
+
+    def upstream_headers(self, headers: Headers) -> Headers:
+        """``headers`` as sent: without the threads beta when the request sent is plain."""
+        if self._keeper.upstream_knows:
+            return headers
         values = headers.getRawHeaders(b"anthropic-beta")
         if values:
             kept = without_threads_beta(", ".join(v.decode("latin-1") for v in values))
@@ -172,11 +208,17 @@ class ThreadKeeper:
     :param store: where threads are kept.
     :param max_answer_bytes: the largest streamed answer recorded (a larger
         one is not kept: its continue will be ``thread_not_found``).
+    :param upstream_knows: the upstream knows threads (``--threads
+        upstream``): the thread is passed on, the relay keeping its copy to
+        translate the new messages; a ``continue`` the relay has no copy of
+        is ``thread_not_found`` (nothing is sent under an answer id the
+        relay did not see the upstream give).
     """
 
-    def __init__(self, store: IThreadStore, max_answer_bytes: int = 32 * 1024 * 1024):
+    def __init__(self, store: IThreadStore, max_answer_bytes: int = 32 * 1024 * 1024, upstream_knows: bool = False):
         self.store = store
         self.max_answer_bytes = max_answer_bytes
+        self.upstream_knows = upstream_knows
 
     @staticmethod
     def key(owner: str, answer_id: str) -> str:
@@ -212,6 +254,7 @@ class ThreadKeeper:
             except ValueError:
                 self.store.abort(key)
                 raise thread_not_found()
-            return ThreadTurn(self, owner, request, previous)
+            new = body.get("messages")
+            return ThreadTurn(self, owner, request, previous, len(new) if isinstance(new, list) else 0)
 
         return self.store.begin(key).addCallback(found)
