@@ -52,6 +52,9 @@ class Upstream:
     :ivar response_timeout: likewise.
     :ivar idle_timeout: likewise.
     :ivar max_connections: likewise, for ``max_upstream_connections``.
+    :ivar threads: how message threads are carried to it, ``relay`` or
+        ``upstream`` (see :attr:`RelayConfig.threads`); ``None`` takes the
+        relay's.
     """
 
     name: str
@@ -62,6 +65,7 @@ class Upstream:
     response_timeout: float | None = None
     idle_timeout: float | None = None
     max_connections: int | None = None
+    threads: str | None = None
 
     def __repr__(self) -> str:
         shown = ", ".join(

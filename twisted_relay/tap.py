@@ -296,6 +296,7 @@ class Options(usage.Options):
                     upstream=first.url,
                     upstream_key=first.keys[0] if first.keys else None,
                     upstream_ids=first.ids,
+                    threads=first.threads if first.threads and "threads" not in self._given else config.threads,
                 )
         if settings.routes:
             config = config.with_changes(routes=settings.routes)
