@@ -97,3 +97,53 @@ class DirectFailureTests(TestCase):
         result = await self.direct("stateful", "knows", 30)
         self.assertEqual(result["completed"], 30)
         self.assertGreater(result["duplicates"], 0)
+
+
+class StoreDownTests(TestCase):
+    """A Redis thread store that does not answer: continues are not found, nothing else stops."""
+
+    timeout = 30
+
+    async def test_nothing_listens(self):
+        """
+        With nothing listening at the store's address, a continue answers
+        404 ``thread_not_found`` (the client replays), while a create and a
+        plain request are answered as usual.
+        """
+        import json
+
+        import treq
+
+        from tests.helpers import messages_body
+        from tests.redis_server import free_port
+
+        simulated = SimulatedUpstream(mode="strict", seed=1, reactor=reactor)
+        port = reactor.listenTCP(0, Site(simulated.resource()), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        config = RelayConfig(
+            listen=(), upstream="http://127.0.0.1:%d" % (port.getHost().port,), dump_dir=None,
+            thread_store="redis://127.0.0.1:%d" % (free_port(),),
+        )
+        relay = Relay(config, reactor)
+        relay.service.startService()
+        self.addCleanup(relay.service.stopService)
+        relay_port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
+        self.addCleanup(relay_port.stopListening)
+        url = "http://127.0.0.1:%d/v1/messages" % (relay_port.getHost().port,)
+
+        async def post(body):
+            response = await treq.post(
+                url, json=body, headers={"x-api-key": ["sk-test"]}, persistent=False
+            )
+            return response.code, json.loads(await response.content())
+
+        code, created = await post(messages_body(thread={"type": "create"}))
+        self.assertEqual(code, 200, created)
+        code, plain = await post(messages_body())
+        self.assertEqual(code, 200, plain)
+        code, error = await post(
+            messages_body(tools=False, thread={"type": "continue", "previous_message_id": created["id"]})
+        )
+        self.assertEqual(code, 404, error)
+        self.assertEqual(error["error"]["details"], {"error_code": "thread_not_found"})
+        self.assertGreater(relay.app.threads.store.failures, 0)

@@ -582,7 +582,7 @@ class _RelayedRequest:
             if route.has_body:
                 raw = relay._read_body(request)
                 body = relay._parse_messages_body(raw)
-                if route.threads:
+                if route.threads and "thread" in body:
                     body, raw = await self._open_thread(body, raw)
                 stream_asked = body.get("stream") is True
                 translation = translate_request(body, config.upstream_ids)
