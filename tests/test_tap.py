@@ -234,6 +234,7 @@ class ThreadOptionsTests(SynchronousTestCase):
             (["--thread-store", "memcached://x"], "--thread-store"),
             (["--thread-max-count", "0"], "--thread-max-count"),
             (["--thread-ttl", "-1"], "--thread-ttl"),
+            (["--thread-ttl", "0", "--thread-store", "redis://127.0.0.1"], "--thread-ttl"),
         ):
             options = Options()
             error = self.assertRaises(UsageError, options.parseOptions, argv)

@@ -375,6 +375,9 @@ class Options(usage.Options):
         thread_store = self["thread-store"]
         if thread_store != "memory" and not thread_store.startswith("redis://"):
             raise usage.UsageError("--thread-store must be memory or a redis://host[:port][/db] URL.")
+        thread_ttl = _positive("thread-ttl", self["thread-ttl"], allow_zero=True)
+        if thread_ttl == 0 and thread_store != "memory":
+            raise usage.UsageError("--thread-ttl 0 (no time limit) needs the memory store: Redis entries expire.")
         thread_max_count = _whole("thread-max-count", self["thread-max-count"])
         if thread_max_count < 1:
             raise usage.UsageError("--thread-max-count must be 1 or more.")
@@ -439,7 +442,7 @@ class Options(usage.Options):
             gc_tuning=not self["no-gc-tuning"],
             threads=self["threads"],
             thread_store=thread_store,
-            thread_ttl=_positive("thread-ttl", self["thread-ttl"], allow_zero=True),
+            thread_ttl=thread_ttl,
             thread_max_count=thread_max_count,
             thread_max_bytes=thread_max_bytes,
             simulate_options={
