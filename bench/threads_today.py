@@ -8,9 +8,9 @@ reuses ids). All on 127.0.0.1, in this process.
     python -m bench.threads_today --turns 30
 
 Per run: the turns completed, the error that ended the session if one did,
-and how many tool-use ids the client saw more than once. The relay's thread
-support (issue 15) is meant to turn every "through the relay" row into
-"all turns, no duplicate".
+and how many tool-use ids the client saw more than once. With the relay holding
+threads (issue 15), every "through the relay" row is "all turns, no
+duplicate"; the direct rows show what a session meets without it.
 """
 
 from __future__ import annotations
@@ -31,10 +31,19 @@ UPSTREAMS = (
     ("rejects thread (strict)", {"mode": "strict", "threads": "rejects"}),
     ("knows threads (stateful)", {"mode": "stateful", "threads": "knows"}),
 )
+#: The id policy each simulated mode needs (a stateful upstream checks it
+#: gets back exactly the ids it emitted: docs/id-translation.md).
+UPSTREAM_IDS = {"strict": "unique", "stateful": "original"}
 
 
-def tool_runner_session(base_url: str, turns: int) -> dict:
-    """The SDK's default tool runner for ``turns`` turns; runs in a thread."""
+def tool_runner_session(base_url: str, turns: int, *, fresh_connections: bool = False, on_turn=None) -> dict:
+    """
+    The SDK's default tool runner for ``turns`` turns; runs in a thread.
+
+    :param fresh_connections: one connection per request (none kept alive),
+        so that relay workers sharing a port each take some.
+    :param on_turn: called with the number of turns completed after each.
+    """
     import anthropic
     from anthropic import beta_tool
 
@@ -47,7 +56,14 @@ def tool_runner_session(base_url: str, turns: int) -> dict:
         """
         return f"sunny in {location}"
 
-    client = anthropic.Anthropic(base_url=base_url, api_key="sk-bench", max_retries=0, timeout=30)
+    http_client = None
+    if fresh_connections:
+        import httpx2 as httpx
+
+        http_client = anthropic.DefaultHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))
+    client = anthropic.Anthropic(
+        base_url=base_url, api_key="sk-bench", max_retries=0, timeout=30, http_client=http_client
+    )
     completed, error, ids = 0, None, Counter()
     try:
         runner = client.beta.messages.tool_runner(
@@ -57,6 +73,8 @@ def tool_runner_session(base_url: str, turns: int) -> dict:
         )
         for message in runner:
             completed += 1
+            if on_turn is not None:
+                on_turn(completed)
             ids.update(block.id for block in message.content if block.type == "tool_use")
     except anthropic.APIStatusError as caught:
         message = caught.body.get("error", {}).get("message") if isinstance(caught.body, dict) else caught.body
@@ -75,7 +93,10 @@ async def run(reactor, turns: int, seed: int) -> list[tuple[str, str, dict]]:
             url = f"http://127.0.0.1:{upstream_port.getHost().port}"
             relay = relay_port = None
             if through_relay:
-                relay = Relay(RelayConfig(listen=(), upstream=url, dump_dir=None), reactor)
+                config = RelayConfig(
+                    listen=(), upstream=url, dump_dir=None, upstream_ids=UPSTREAM_IDS[options["mode"]]
+                )
+                relay = Relay(config, reactor)
                 relay.service.startService()
                 relay_port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
                 url = f"http://127.0.0.1:{relay_port.getHost().port}"

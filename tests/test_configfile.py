@@ -482,3 +482,39 @@ class MutatedFileTests(FileTestCase):
             for key in ALL_KEYS:
                 self.assertNotIn(key, message)
             self.assertTrue(message.startswith(path) or message.startswith("--"), message)
+
+
+class UpstreamThreadsTests(FileTestCase):
+    """An upstream's ``threads`` key: how message threads are carried to it."""
+
+    def test_read(self):
+        """``threads = "upstream"`` lands on the upstream, and on the relay when it is the file's first."""
+        config = self.parse("--config", self.write('''
+            [upstreams.anthropic]
+            url = "https://api.anthropic.com"
+            threads = "upstream"
+
+            [upstreams.local]
+            url = "http://127.0.0.1:8000"
+            '''))
+        self.assertEqual([u.threads for u in config.upstreams], ["upstream", None])
+        self.assertEqual(config.threads, "upstream")
+
+    def test_command_line_wins(self):
+        """``--threads`` given on the command line wins over the file's first upstream."""
+        path = self.write('''
+            [upstreams.anthropic]
+            url = "https://api.anthropic.com"
+            threads = "upstream"
+            ''')
+        self.assertEqual(self.parse("--config", path, "--threads", "relay").threads, "relay")
+
+    def test_refused(self):
+        """Another value is refused, naming the table and the key."""
+        message = self.refused('''
+            [upstreams.local]
+            url = "http://127.0.0.1:8000"
+            threads = "off"
+            ''')
+        self.assertIn("threads", message)
+        self.assertIn("relay or upstream", message)

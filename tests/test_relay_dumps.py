@@ -184,3 +184,35 @@ class RelayDumpTests(TestCase):
         await self.writer.drain()
         self.assertEqual(self.writer.written, 1)
         await deferLater(reactor, 0, lambda: None)
+
+
+class ThreadDumpTests(TestCase):
+    """A 4xx answering a thread's continue is dumped with the request the relay rebuilt."""
+
+    start = RelayDumpTests.start
+    post = RelayDumpTests.post
+
+    async def test_continue_dumped_rebuilt(self):
+        """
+        The dump's client request is the whole conversation the ``continue``
+        stands for (its first message, the answer kept, the new turn), without
+        the ``thread`` field: what was translated and sent.
+        """
+        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource())
+        first = [{"role": "user", "content": "The first question of the thread."}]
+        code, answer = await self.post(base, messages_body(first, thread={"type": "create"}))
+        self.assertEqual(code, 200)
+        answer_id = json.loads(answer)["id"]
+        bad = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_nope", "content": "x"}]}]
+        body = messages_body(bad, tools=False, thread={"type": "continue", "previous_message_id": answer_id})
+        code, refused = await self.post(base, body)
+        self.assertEqual(code, 400, refused)
+        await self.writer.drain()
+        files = every_file(self.dump_dir)
+        self.assertEqual(len(files), 1, files)
+        dump = json.loads(open(files[0], "rb").read())
+        client = json.dumps(dump["client_request"])
+        self.assertIn("The first question of the thread.", client)
+        self.assertIn("toolu_nope", client)
+        self.assertIn("get_weather", client)
+        self.assertNotIn('"thread"', client)

@@ -199,3 +199,43 @@ class BreakerOptionsTests(SynchronousTestCase):
             with self.assertRaises(UsageError) as raised:
                 parse(*argv)
             self.assertIn(name, str(raised.exception))
+
+
+class ThreadOptionsTests(SynchronousTestCase):
+    """The thread options reach the configuration; bad values are refused with the option named."""
+
+    def test_options(self):
+        """Each thread option sets its field."""
+        options = Options()
+        options.parseOptions([
+            "--threads", "upstream", "--thread-store", "redis://127.0.0.1:6390/2", "--thread-ttl", "60",
+            "--thread-max-count", "50", "--thread-max-bytes", "8M",
+        ])
+        config = options.config
+        self.assertEqual(
+            (config.threads, config.thread_store, config.thread_ttl, config.thread_max_count, config.thread_max_bytes),
+            ("upstream", "redis://127.0.0.1:6390/2", 60.0, 50, 8 * 1024 * 1024),
+        )
+
+    def test_defaults(self):
+        """Threads are held by the relay, in memory, 5 minutes, 10,000 threads, 512 MiB."""
+        options = Options()
+        options.parseOptions([])
+        config = options.config
+        self.assertEqual(
+            (config.threads, config.thread_store, config.thread_ttl, config.thread_max_count, config.thread_max_bytes),
+            ("relay", "memory", 300.0, 10_000, 512 * 1024 * 1024),
+        )
+
+    def test_refused(self):
+        """Unknown modes and stores, and empty bounds, are usage errors naming the option."""
+        for argv, named in (
+            (["--threads", "off"], "--threads"),
+            (["--thread-store", "memcached://x"], "--thread-store"),
+            (["--thread-max-count", "0"], "--thread-max-count"),
+            (["--thread-ttl", "-1"], "--thread-ttl"),
+            (["--thread-ttl", "0", "--thread-store", "redis://127.0.0.1"], "--thread-ttl"),
+        ):
+            options = Options()
+            error = self.assertRaises(UsageError, options.parseOptions, argv)
+            self.assertIn(named, str(error))

@@ -147,3 +147,45 @@ class ThreadKeeperTests(SynchronousTestCase):
         turn.recording(lambda _: None)(data)
         now(turn.stream_ended(True))
         self.assertEqual(now(keeper.open(cont("msg_big"))), "thread_not_found")
+
+
+class WhatIsSentTests(SynchronousTestCase):
+    """What a turn sends upstream: plain for an upstream without threads, the thread's tail for one with."""
+
+    def turn(self, upstream_knows: bool):
+        keeper = ThreadKeeper(MemoryThreadStore(Clock()), upstream_knows=upstream_knows)
+        first = now(keeper.open(create({"role": "user", "content": "go"})))
+        now(first.answered(message("msg_1", CALL)))
+        return now(keeper.open(cont("msg_1", RESULT)))
+
+    def test_plain(self):
+        """Without threads upstream: the bytes given, and no threads beta (other betas kept)."""
+        from twisted.web.http_headers import Headers
+
+        turn = self.turn(False)
+        self.assertEqual(turn.upstream_bytes(turn.request, b"plain"), b"plain")
+        headers = turn.upstream_headers(Headers({b"anthropic-beta": [b"message-threads-2026-08-12,other-beta"]}))
+        self.assertEqual(headers.getRawHeaders(b"anthropic-beta"), [b"other-beta"])
+        alone = turn.upstream_headers(Headers({b"anthropic-beta": [b"message-threads-2026-08-12"]}))
+        self.assertFalse(alone.hasHeader(b"anthropic-beta"))
+
+    def test_passed_through(self):
+        """
+        To an upstream that knows threads: the continue's field and only its
+        new messages (as translated: here, whatever the given body holds),
+        without ``system`` and ``tools``; the beta kept.
+        """
+        import json
+
+        from twisted.web.http_headers import Headers
+
+        turn = self.turn(True)
+        self.assertEqual(len(turn.request["messages"]), 3)
+        translated = dict(turn.request, messages=turn.request["messages"][:2] + [{"role": "user", "content": "T"}])
+        sent = json.loads(turn.upstream_bytes(translated, b"unused"))
+        self.assertEqual(sent["thread"], {"type": "continue", "previous_message_id": "msg_1"})
+        self.assertEqual(sent["messages"], [{"role": "user", "content": "T"}])
+        self.assertNotIn("tools", sent)
+        self.assertNotIn("system", sent)
+        headers = turn.upstream_headers(Headers({b"anthropic-beta": [b"message-threads-2026-08-12"]}))
+        self.assertEqual(headers.getRawHeaders(b"anthropic-beta"), [b"message-threads-2026-08-12"])

@@ -39,6 +39,8 @@ from twisted_relay.logs import bounded
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.redact import redact_text
 from twisted_relay.sse import SSEGate
+from twisted_relay.thread_turns import ThreadKeeper, credential_of, keeper_for, owner_of
+from twisted_relay.threads import ThreadError
 from twisted_relay.translation import translate_request
 from twisted_relay.upstream import (
     UpstreamClient,
@@ -107,6 +109,7 @@ class RelayApp:
         reactor,
         dumps=None,
         metrics: RelayMetrics | None = None,
+        threads: ThreadKeeper | None = None,
     ):
         self._config = config
         self._client = client
@@ -120,6 +123,9 @@ class RelayApp:
         self._active: set = set()
         self._draining = False
         self._idle_waiters: list[Deferred] = []
+        # Message threads held by the relay (docs/threads.md).
+        self.threads = threads if threads is not None else keeper_for(config, reactor)
+        self.metrics.watch_thread_store(self.threads.store)
 
     def resource(self):
         """The relay's web resource, to serve or to mount in another ``Site``."""
@@ -451,9 +457,10 @@ class _Route:
     has_body: bool
     stream_ok: bool
     translate_answer: bool
+    threads: bool = False
 
 
-_MESSAGES = _Route("messages", has_body=True, stream_ok=True, translate_answer=True)
+_MESSAGES = _Route("messages", has_body=True, stream_ok=True, translate_answer=True, threads=True)
 _COUNT_TOKENS = _Route("count_tokens", has_body=True, stream_ok=False, translate_answer=False)
 _MODELS = _Route("models", has_body=False, stream_ok=False, translate_answer=False)
 
@@ -483,6 +490,8 @@ class _RelayedRequest:
         self._waiting: Deferred | None = None
         self._over_time = False
         self._deadline_call = None
+        # The message thread this request continues or creates, if any.
+        self._turn = None
 
     async def run(self):
         """Relay the request; return the answer's body, or ``None`` once it has been streamed."""
@@ -514,6 +523,9 @@ class _RelayedRequest:
             _clear_headers(request)
             return relay._error(request, RelayError(500, "Internal relay error."), self.id)
         finally:
+            if self._turn is not None:
+                # Not settled by a whole answer: the thread stays where it was.
+                self._turn.failed()
             if self._deadline_call is not None and self._deadline_call.active():
                 self._deadline_call.cancel()
             relay._end(request)
@@ -565,10 +577,14 @@ class _RelayedRequest:
             if route.has_body:
                 raw = relay._read_body(request)
                 body = relay._parse_messages_body(raw)
+                if route.threads and "thread" in body:
+                    body, raw = await self._open_thread(body, raw)
                 stream_asked = body.get("stream") is True
                 translation = translate_request(body, config.upstream_ids)
                 relay._note_repairs(self.id, translation)
                 upstream_body = to_json(translation.upstream_body) if translation.changed else raw
+                if self._turn is not None:
+                    upstream_body = self._turn.upstream_bytes(translation.upstream_body, upstream_body)
                 # The parsed body (often ten times the size of its bytes) is
                 # not needed once serialised: a request that waits on the
                 # upstream holds its bytes only.
@@ -577,8 +593,10 @@ class _RelayedRequest:
             headers = upstream_request_headers(
                 request.requestHeaders, config.upstream_key, strip_credentials=bool(relay._relay_keys)
             )
+            if self._turn is not None:
+                headers = self._turn.upstream_headers(headers)
             response = await self._send(request.method, path, headers, upstream_body)
-        except RelayError as e:
+        except (RelayError, ThreadError) as e:
             self.error = e.message
             return relay._error(request, e, self.id)
 
@@ -611,11 +629,41 @@ class _RelayedRequest:
             answer = _without_keys(answer, relay._secrets)
         elif response.code < 300 and route.translate_answer:
             answer = relay._translate_answer(answer, translation, self.id)
+        if self._turn is not None and response.code < 300:
+            await self._settle(self._turn.answered_json(answer))
         metrics = relay.metrics
         metrics.labelled(metrics.time_to_first_byte, route.name, "false").observe(
             relay._reactor.seconds() - self.started
         )
         return _whole(request, answer)
+
+    async def _open_thread(self, body: dict, raw: bytes) -> tuple[dict, bytes]:
+        """
+        A request in a message thread becomes the plain request it stands
+        for (a ``continue`` rebuilt from the thread the relay holds), which
+        is then translated and sent like any other, and dumped as such.
+
+        :raises ThreadError: the API's own answer (not found, already
+            continued, in flight, changed ``system``/``tools``, malformed).
+        """
+        credential = credential_of(self.request.requestHeaders)
+        turn = await self._wait(self.relay.threads.open(body, owner_of(credential)))
+        if turn is None:
+            return body, raw
+        self._turn = turn
+        return turn.request, to_json(turn.request)
+
+    async def _settle(self, settling: Deferred) -> None:
+        """
+        Wait until the thread is kept (before the answer's end reaches the
+        client, so its next ``continue`` finds it; bounded by the store's
+        own timeout). A store that failed was logged and counted.
+        """
+        self._turn = None
+        try:
+            await settling
+        except Exception:
+            self.relay.log.failure("Keeping a thread failed ({relay_request_id})", relay_request_id=self.id)
 
     async def _send(self, method, path, headers, body):
         """
@@ -684,6 +732,10 @@ class _RelayedRequest:
                 metrics.labelled(metrics.time_to_first_byte, route.name, "true").observe(clock.seconds() - self.started)
             request.write(data)
 
+        turn = self._turn
+        if turn is not None:
+            write = turn.recording(write)
+
         def on_error_event(payload: dict) -> None:
             error = payload.get("error") if isinstance(payload, dict) else None
             if isinstance(error, dict) and error.get("type") in _CLIENT_ERROR_TYPES:
@@ -709,6 +761,8 @@ class _RelayedRequest:
         metrics.active_streams.inc()
         try:
             await self._wait(gate.done)
+            if turn is not None:
+                await self._settle(turn.stream_ended(True))
         except RelayError as e:
             self.error = e.message
             metrics.upstream_errors.labels(e.kind or "stream").inc()

@@ -52,6 +52,9 @@ class Upstream:
     :ivar response_timeout: likewise.
     :ivar idle_timeout: likewise.
     :ivar max_connections: likewise, for ``max_upstream_connections``.
+    :ivar threads: how message threads are carried to it, ``relay`` or
+        ``upstream`` (see :attr:`RelayConfig.threads`); ``None`` takes the
+        relay's.
     """
 
     name: str
@@ -62,6 +65,7 @@ class Upstream:
     response_timeout: float | None = None
     idle_timeout: float | None = None
     max_connections: int | None = None
+    threads: str | None = None
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -195,6 +199,18 @@ class RelayConfig:
         before one request is let through to probe it.
     :ivar key_rest: seconds a key the upstream refused (401/403) is
         skipped before it is probed.
+    :ivar threads: how message threads are carried (``docs/threads.md``):
+        ``relay``, the relay holds each thread and sends the upstream plain,
+        whole requests (any upstream, ``https://api.anthropic.com``
+        included); ``upstream``, for an upstream that knows threads, the
+        thread is passed on with only the new messages, translated.
+    :ivar thread_store: where threads are kept: ``memory`` (this process)
+        or a ``redis://`` URL (shared by workers and machines).
+    :ivar thread_ttl: seconds a thread lives after its last use; 0: until
+        evicted.
+    :ivar thread_max_count: threads the memory store holds at most.
+    :ivar thread_max_bytes: conversation bytes the memory store holds at
+        most (least recently used threads go first).
     :ivar config_file: the ``--config`` file these settings came from, read
         again on reload; ``None`` when there is none.
     :ivar command_line: the ``twistd relay`` arguments these settings came
@@ -236,6 +252,11 @@ class RelayConfig:
     breaker_failures: int = 3
     breaker_cooldown: float = 30.0
     key_rest: float = 600.0
+    threads: str = "relay"
+    thread_store: str = "memory"
+    thread_ttl: float = 300.0
+    thread_max_count: int = 10_000
+    thread_max_bytes: int = 512 * MiB
     config_file: str | None = None
     command_line: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
     # Whether ``upstreams`` were made from the one-upstream settings (and

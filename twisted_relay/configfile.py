@@ -68,7 +68,9 @@ _UPSTREAM_KEYS = (
     "response-timeout",
     "idle-timeout",
     "max-connections",
+    "threads",
 )
+_THREAD_MODES = ("relay", "upstream")
 _ROUTE_KEYS = ("models", "targets", "thinking", "images", "body-over")
 _TARGET_KEYS = ("upstream", "model")
 _TABLES = ("relay", "upstreams", "routes")
@@ -249,6 +251,7 @@ def _upstream_tables(path, tables, environ, folder) -> tuple[Upstream, ...]:
                 response_timeout=_seconds(where, "response-timeout", table.get("response-timeout")),
                 idle_timeout=_seconds(where, "idle-timeout", table.get("idle-timeout")),
                 max_connections=_count(where, "max-connections", table.get("max-connections")),
+                threads=_threads(where, table.get("threads")),
             )
         )
     return tuple(upstreams)
@@ -322,6 +325,12 @@ def _key(where: _Table, label: str, source: str, environ, folder) -> str:
 def _policy(where: _Table, value) -> str:
     if value not in _POLICIES:
         raise where.error("ids", "must be unique or original")
+    return value
+
+
+def _threads(where: _Table, value) -> str | None:
+    if value is not None and value not in _THREAD_MODES:
+        raise where.error("threads", "must be relay or upstream")
     return value
 
 

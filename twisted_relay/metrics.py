@@ -111,6 +111,10 @@ class _DumpCollector:
         yield family
 
 
+# The thread store's counters, as its attributes.
+_THREAD_COUNTERS = ("hits", "misses", "evictions", "expirations", "failures")
+
+
 class _ThreadStoreCollector:
     """Reads a thread store's own counters and size when metrics are scraped."""
 
@@ -154,6 +158,7 @@ class RelayMetrics:
         self._children: dict = {}
         self._dumps = dumps
         self._count_active = None
+        self._thread_store = None
         # In a worker, or a first process that set the folder up.
         self.multiprocess = _multiprocess_folder() is not None
         if self.multiprocess:
@@ -223,8 +228,50 @@ class RelayMetrics:
 
     def watch_thread_store(self, store):
         """Export ``store``'s hits, misses, evictions, failures and size
-        (an :class:`~twisted_relay.thread_store.IThreadStore`)."""
-        self.registry.register(_ThreadStoreCollector(store))
+        (an :class:`~twisted_relay.thread_store.IThreadStore`): read when
+        scraped in one process; copied to the shared files every second
+        with workers (summed over them)."""
+        if not self.multiprocess:
+            self.registry.register(_ThreadStoreCollector(store))
+            return
+        self._thread_store = store
+        self._threads_counted = dict.fromkeys(_THREAD_COUNTERS, 0)
+        lookups = Counter(
+            "relay_thread_lookups", "Thread continues looked up, by outcome.", ["outcome"], registry=self.registry
+        )
+        evictions = Counter(
+            "relay_thread_evictions", "Threads dropped before a continue, by reason.", ["reason"],
+            registry=self.registry,
+        )
+        failures = Counter(
+            "relay_thread_store_failures", "Thread store operations that failed.", registry=self.registry
+        )
+        self._thread_counters = {
+            "hits": lookups.labels("hit"),
+            "misses": lookups.labels("miss"),
+            "evictions": evictions.labels("bound"),
+            "expirations": evictions.labels("expired"),
+            "failures": failures,
+        }
+        self._threads_held = Gauge(
+            "relay_threads_held", "Threads the relay holds.", registry=self.registry, multiprocess_mode="livesum"
+        )
+        self._thread_bytes_held = Gauge(
+            "relay_thread_bytes_held", "Bytes of the threads the relay holds.", registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+
+    def _sync_threads(self) -> None:
+        store = self._thread_store
+        for name, before in self._threads_counted.items():
+            now = getattr(store, name, 0)
+            if now > before:
+                self._thread_counters[name].inc(now - before)
+                self._threads_counted[name] = now
+        size = store.size()
+        if size is not None:
+            self._threads_held.set(size[0])
+            self._thread_bytes_held.set(size[1])
 
     def watch_active_requests(self, count) -> None:
         """
@@ -242,6 +289,8 @@ class RelayMetrics:
             return
         if self._count_active is not None:
             self.active_requests.set(self._count_active())
+        if self._thread_store is not None:
+            self._sync_threads()
         if self._dumps is not None:
             for outcome, before in self._dumps_counted.items():
                 now = getattr(self._dumps, outcome, 0)

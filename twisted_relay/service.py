@@ -76,6 +76,17 @@ class _UpstreamPoolService(Service):
         return self._client.close()
 
 
+class _ThreadStoreService(Service):
+    """Lets go of the thread store's connections when the relay stops."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def stopService(self):
+        Service.stopService(self)
+        return self._store.close()
+
+
 class _SimulatedUpstreamService(Service):
     """
     Serves the embedded simulated upstream on an ephemeral loopback port and
@@ -316,6 +327,7 @@ class Relay:
         if sync is not None:
             sync.setServiceParent(self.service)
         _UpstreamPoolService(self.client).setServiceParent(self.service)
+        _ThreadStoreService(self.app.threads.store).setServiceParent(self.service)
         if config.gc_tuning:
             GarbageCollectorTuning().setServiceParent(self.service)
         if self.dumps is not None:

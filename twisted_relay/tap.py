@@ -170,6 +170,24 @@ class Options(usage.Options):
         ["simulate-reuse-every", None, "3", "The simulated model reuses an id every N tool calls (0: never)."],
         ["simulate-event-delay", None, "0", "Seconds between the simulated upstream's stream events."],
         [
+            "threads",
+            None,
+            "relay",
+            "How message threads are carried: relay (the relay holds each thread and sends the "
+            "upstream plain, whole requests; any upstream, api.anthropic.com included) or upstream "
+            "(for an upstream that knows threads: only the new messages, translated, are sent).",
+        ],
+        [
+            "thread-store",
+            None,
+            "memory",
+            "Where threads are kept: memory (this process) or redis://[user:password@]host[:port][/db] "
+            "(shared by workers and machines).",
+        ],
+        ["thread-ttl", None, "300", "Seconds a thread lives after its last use (0: until evicted)."],
+        ["thread-max-count", None, "10000", "Threads held in memory at most (least recently used go first)."],
+        ["thread-max-bytes", None, "512M", "Bytes of threads held in memory at most (least recently used go first)."],
+        [
             "simulate-threads",
             None,
             "ignore",
@@ -278,6 +296,7 @@ class Options(usage.Options):
                     upstream=first.url,
                     upstream_key=first.keys[0] if first.keys else None,
                     upstream_ids=first.ids,
+                    threads=first.threads if first.threads and "threads" not in self._given else config.threads,
                 )
         if settings.routes:
             config = config.with_changes(routes=settings.routes)
@@ -349,6 +368,22 @@ class Options(usage.Options):
 
         if self["simulate-threads"] not in THREAD_MODES:
             raise usage.UsageError(f"--simulate-threads must be one of {', '.join(THREAD_MODES)}.")
+        from twisted_relay.thread_turns import THREAD_MODES as RELAY_THREAD_MODES
+
+        if self["threads"] not in RELAY_THREAD_MODES:
+            raise usage.UsageError(f"--threads must be one of {', '.join(RELAY_THREAD_MODES)}, not {self['threads']!r}.")
+        thread_store = self["thread-store"]
+        if thread_store != "memory" and not thread_store.startswith("redis://"):
+            raise usage.UsageError("--thread-store must be memory or a redis://host[:port][/db] URL.")
+        thread_ttl = _positive("thread-ttl", self["thread-ttl"], allow_zero=True)
+        if thread_ttl == 0 and thread_store != "memory":
+            raise usage.UsageError("--thread-ttl 0 (no time limit) needs the memory store: Redis entries expire.")
+        thread_max_count = _whole("thread-max-count", self["thread-max-count"])
+        if thread_max_count < 1:
+            raise usage.UsageError("--thread-max-count must be 1 or more.")
+        thread_max_bytes = _size("thread-max-bytes", self["thread-max-bytes"])
+        if thread_max_bytes < 1:
+            raise usage.UsageError("--thread-max-bytes must be 1 or more.")
         try:
             max_connections = int(self["max-upstream-connections"])
         except ValueError:
@@ -405,6 +440,11 @@ class Options(usage.Options):
             simulate=simulate,
             workers=workers,
             gc_tuning=not self["no-gc-tuning"],
+            threads=self["threads"],
+            thread_store=thread_store,
+            thread_ttl=thread_ttl,
+            thread_max_count=thread_max_count,
+            thread_max_bytes=thread_max_bytes,
             simulate_options={
                 "seed": seed,
                 "reuse_every": reuse_every,

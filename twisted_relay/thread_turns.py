@@ -19,11 +19,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
+import ujson
 from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.web.http_headers import Headers
 
-from twisted_relay.thread_store import IThreadStore
+from twisted_relay._json import to_json
+from twisted_relay.thread_store import IThreadStore, thread_store_for
 from twisted_relay.threads import (
     CONTINUE,
+    CREATE_ONLY_FIELDS,
     AnswerRecorder,
     Conversation,
     ThreadError,
@@ -31,9 +36,17 @@ from twisted_relay.threads import (
     rebuild_request,
     thread_not_found,
     thread_of,
+    without_threads_beta,
 )
 
-__all__ = ["ThreadKeeper", "ThreadTurn", "owner_of"]
+__all__ = ["THREAD_MODES", "ThreadKeeper", "ThreadTurn", "credential_of", "keeper_for", "owner_of"]
+
+#: How the relay treats threads towards an upstream: ``relay`` holds them
+#: itself and sends plain requests; ``upstream`` passes them to an upstream
+#: that knows threads (sending only the new messages, translated).
+THREAD_MODES = ("relay", "upstream")
+
+_log = Logger()
 
 
 def owner_of(credential: str | None) -> str:
@@ -48,6 +61,32 @@ def owner_of(credential: str | None) -> str:
     return hashlib.sha256(credential.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+def credential_of(headers: Headers) -> str | None:
+    """
+    The credential a client presents (its relay key when relay keys are on,
+    else the key it sends on): ``x-api-key``, else ``Authorization``.
+    """
+    for name in (b"x-api-key", b"authorization"):
+        values = headers.getRawHeaders(name)
+        if values:
+            return values[0].decode("latin-1")
+    return None
+
+
+def keeper_for(config, clock) -> ThreadKeeper:
+    """The :class:`ThreadKeeper` of a :class:`~twisted_relay.config.RelayConfig`."""
+    return ThreadKeeper(
+        thread_store_for(
+            config.thread_store,
+            clock,
+            ttl=config.thread_ttl or None,
+            max_threads=config.thread_max_count,
+            max_bytes=config.thread_max_bytes,
+        ),
+        upstream_knows=config.threads == "upstream",
+    )
+
+
 class ThreadTurn:
     """
     One thread request on its way: the plain request to send, and how to
@@ -56,13 +95,19 @@ class ThreadTurn:
     :ivar request: the plain, thread-less request, to translate and send.
     :ivar previous_message_id: the answer a ``continue`` resumes from
         (``None`` for a ``create``).
+    :ivar new_messages: how many messages the client sent in this request
+        (the tail of :attr:`request`).
     """
 
-    def __init__(self, keeper: ThreadKeeper, owner: str, request: dict, previous_message_id: str | None):
+    def __init__(
+        self, keeper: ThreadKeeper, owner: str, request: dict, previous_message_id: str | None,
+        new_messages: int = 0,
+    ):
         self._keeper = keeper
         self._owner = owner
         self.request = request
         self.previous_message_id = previous_message_id
+        self.new_messages = new_messages
         self._recorder: AnswerRecorder | None = None
         self._settled = False
 
@@ -91,6 +136,57 @@ class ThreadTurn:
             return defer.succeed(None)
         return self._keeper.store.abort(self._keeper.key(self._owner, self.previous_message_id))
 
+    def answered_json(self, answer: bytes) -> defer.Deferred:
+        """A whole JSON answer (as the client receives it) was given."""
+        try:
+            message = ujson.loads(answer)
+        except (ValueError, OverflowError):
+            message = None
+        return self.answered(message)
+
+    def upstream_bytes(self, translated: dict, plain: bytes) -> bytes:
+        """
+        What is sent upstream once :attr:`request` is translated
+        (``translated``, serialised as ``plain``): ``plain`` for an upstream
+        that does not know threads; for one that does, the thread field
+        again, and for a ``continue`` only the translated new messages
+        (without ``system``/``tools``, which the upstream holds). A whole
+        request translates every message exactly as the upstream's thread
+        already holds it (a block's upstream id never changes on later
+        turns), so the new messages fit the upstream's thread.
+        """
+        if not self._keeper.upstream_knows:
+            return plain
+        sent = dict(translated)
+        previous = self.previous_message_id
+        if previous is None:
+            sent["thread"] = {"type": "create"}
+        else:
+            sent["thread"] = {"type": CONTINUE, "previous_message_id": previous}
+            for name in CREATE_ONLY_FIELDS:
+                sent.pop(name, None)
+            messages = translated.get("messages") or []
+            sent["messages"] = messages[len(messages) - self.new_messages:] if self.new_messages else []
+        return to_json(sent)
+
+    def upstream_headers(self, headers: Headers) -> Headers:
+        """``headers`` as sent: without the threads beta when the request sent is plain."""
+        if self._keeper.upstream_knows:
+            return headers
+        values = headers.getRawHeaders(b"anthropic-beta")
+        if values:
+            kept = without_threads_beta(", ".join(v.decode("latin-1") for v in values))
+            if kept is None:
+                headers.removeHeader(b"anthropic-beta")
+            else:
+                headers.setRawHeaders(b"anthropic-beta", [kept.encode("latin-1")])
+        return headers
+
+    @property
+    def settled(self) -> bool:
+        """Whether the turn was settled (answered or failed)."""
+        return self._settled
+
     def recording(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:
         """A ``write`` for the stream's gate: writes to the client and records
         the answer, for :meth:`stream_ended`."""
@@ -112,11 +208,17 @@ class ThreadKeeper:
     :param store: where threads are kept.
     :param max_answer_bytes: the largest streamed answer recorded (a larger
         one is not kept: its continue will be ``thread_not_found``).
+    :param upstream_knows: the upstream knows threads (``--threads
+        upstream``): the thread is passed on, the relay keeping its copy to
+        translate the new messages; a ``continue`` the relay has no copy of
+        is ``thread_not_found`` (nothing is sent under an answer id the
+        relay did not see the upstream give).
     """
 
-    def __init__(self, store: IThreadStore, max_answer_bytes: int = 32 * 1024 * 1024):
+    def __init__(self, store: IThreadStore, max_answer_bytes: int = 32 * 1024 * 1024, upstream_knows: bool = False):
         self.store = store
         self.max_answer_bytes = max_answer_bytes
+        self.upstream_knows = upstream_knows
 
     @staticmethod
     def key(owner: str, answer_id: str) -> str:
@@ -152,6 +254,7 @@ class ThreadKeeper:
             except ValueError:
                 self.store.abort(key)
                 raise thread_not_found()
-            return ThreadTurn(self, owner, request, previous)
+            new = body.get("messages")
+            return ThreadTurn(self, owner, request, previous, len(new) if isinstance(new, list) else 0)
 
         return self.store.begin(key).addCallback(found)
