@@ -345,3 +345,71 @@ class OneUpstreamTests(RelayOverUpstreams, TestCase):
         response, _ = await self.post(messages_body())
         self.assertEqual(served_by(response), "default")
         self.assertEqual(self.a.received[0].header(b"x-api-key"), [KEY_A.encode()])
+
+
+class NoKeyAnywhereTests(RelayOverUpstreams, TestCase):
+    """
+    Requests with keys of two upstreams' pools, through refusals, rate
+    limits, failovers, a 400 (dumped), a broken stream and an unreachable
+    upstream: no key appears in any log line, dump, error body or metric.
+    """
+
+    async def test_grep_everything(self):
+        """Every log event (each field), every dump file, every answer and ``/metrics`` hold none of the keys."""
+        from twisted.logger import eventAsJSON, formatEvent, globalLogPublisher
+        from twisted.python.filepath import FilePath
+
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        keys = ("sk-ant-pool-one-0001", "sk-ant-pool-two-0002", "sk-ant-other-pool-0003")
+        self.a, url_a = self.upstream()
+        self.b, url_b = self.upstream()
+        echo = b'{"type": "error", "error": {"type": "authentication_error", "message": "bad key %s"}}'
+        self.a.script(
+            Answer(401, echo % keys[0].encode(), ((b"content-type", b"application/json"),)),
+            Answer(401, echo % keys[1].encode(), ((b"content-type", b"application/json"),)),
+        )
+        self.b.script(
+            error_answer(429, "rate_limit_error", "slow down " + keys[2]),
+            error_answer(400, "invalid_request_error", "messages.0: bad request from " + keys[2]),
+            cut_after(2),
+            error_answer(503, "api_error", "down " + keys[2]),
+        )
+        dump_dir = FilePath(self.mktemp())
+        unreachable = await closed_port_url(reactor)
+        self.start_relay(
+            [
+                Upstream("one", url_a, keys=keys[:2]),
+                Upstream("two", url_b, keys=keys[2:]),
+                Upstream("gone", unreachable, keys=keys[:1]),
+            ],
+            [
+                Route(targets=(Target("one"), Target("two")), models=("claude-haiku-*",)),
+                Route(targets=(Target("two"), Target("gone"))),
+            ],
+            dump_dir=dump_dir.path,
+        )
+        answers = []
+        for body in (
+            messages_body(model="claude-haiku-4-5"),  # one: 401, 401 (keys rest); two: 429: the last answer
+            messages_body(),  # two: 400, dumped
+            messages_body(stream=True),  # two: cut after the first byte
+            messages_body(),  # two: 503, then gone: connect refused
+            messages_body(model="claude-haiku-4-5"),  # one's keys resting: two answers
+        ):
+            response, answer = await self.post(body)
+            answers.append(answer)
+        self.assertEqual(len(self.a.received), 2)
+        await self.relay.dumps.drain()
+        _, metrics = await self.get("/metrics")
+        answers.append(metrics)
+        dumped = [path.getContent() for path in dump_dir.walk() if path.isfile()]
+        self.assertTrue(dumped, "nothing was dumped")
+        logged = [formatEvent(e) + eventAsJSON(e) for e in events]
+        self.assertTrue(any("one key #1 (401)" in line for line in logged), "attempts are not logged")
+        for key in keys:
+            for where, texts in (("log", logged), ("dump", dumped), ("answer or metrics", answers)):
+                for text in texts:
+                    text = text if isinstance(text, str) else text.decode("utf-8", "replace")
+                    self.assertNotIn(key, text, "a key in a %s" % (where,))
