@@ -477,3 +477,24 @@ class ReloadOnRequestPathTests(RelayOverUpstreams, TestCase):
         response, _ = await self.post(messages_body())
         self.assertEqual(served_by(response), "first")
         self.assertEqual(len(new.received), 2)
+
+
+class StreamErrorEventTests(RelayOverUpstreams, TestCase):
+    """An upstream's ``error`` event inside a 200 stream is the client's, and counts against the upstream."""
+
+    async def test_overloaded_inside_stream(self):
+        """The client gets the stream with its error event; the breaker opens; nothing fails over."""
+        from tests.faulty_upstream import Stream, sse_events
+
+        error = (
+            b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n'
+        )
+        self.a, url_a = self.upstream()
+        self.b, url_b = self.upstream()
+        self.a.script(Stream([(0.0, sse_events()[0]), (0.0, error)]))
+        self.start_relay([Upstream("first", url_a), Upstream("second", url_b)], breaker_failures=1)
+        response, body = await self.post(messages_body(stream=True))
+        self.assertEqual(served_by(response), "first")
+        self.assertIn(b"overloaded_error", body)
+        self.assertEqual(self.relay.router.state("first"), "open")
+        self.assertEqual(self.b.received, [])

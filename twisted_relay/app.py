@@ -855,6 +855,9 @@ class _RelayedRequest:
         relay, request, route = self.relay, self.request, self.route
         config, clock, metrics = relay._config, relay._reactor, relay.metrics
         first_byte = [True]
+        # An upstream error event (overloaded, api_error) inside the stream:
+        # the upstream's breaker hears of it when the stream ends.
+        failed_inside = [None]
 
         def write(data: bytes) -> None:
             if first_byte[0] and data:
@@ -866,6 +869,8 @@ class _RelayedRequest:
             error = payload.get("error") if isinstance(payload, dict) else None
             if isinstance(error, dict) and error.get("type") in _CLIENT_ERROR_TYPES:
                 relay._dump(exchange, response, None, stream_error=payload)
+            else:
+                failed_inside[0] = "stream_error"
 
         gate = SSEGate(
             write,
@@ -900,7 +905,7 @@ class _RelayedRequest:
             )
             request.write(e.sse_event())
         else:
-            self._settle()
+            self._settle(failed_inside[0])
         finally:
             metrics.active_streams.dec()
             request.unregisterProducer()
