@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 
+from twisted_relay.translation import UpstreamRules
+
 __all__ = [
     "DEFAULT_LISTEN",
     "DEFAULT_UPSTREAM",
@@ -27,6 +29,7 @@ __all__ = [
     "Target",
     "Upstream",
     "default_bodies_in_flight",
+    "rules_for",
 ]
 
 MiB = 1024 * 1024
@@ -368,6 +371,16 @@ class RelayConfig:
             for r in values.pop("routes", ())
         )
         return cls(upstreams=upstreams, routes=routes, **values)
+
+
+def rules_for(upstream: Upstream, config: RelayConfig):
+    """
+    The id-translation rules for requests sent to ``upstream``
+    (:class:`twisted_relay.translation.UpstreamRules`): its name and id
+    policy, and thinking blocks marked by upstream when the relay has more
+    than one (a conversation may then move between them).
+    """
+    return UpstreamRules(name=upstream.name, policy=upstream.ids, mark_thinking=len(config.upstreams) > 1)
 
 
 def _first(value, default):

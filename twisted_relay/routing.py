@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from twisted_relay.config import RelayConfig, Route, Upstream
+from twisted_relay.config import RelayConfig, Route, Upstream, rules_for
 from twisted_relay.errors import RelayError
 
 __all__ = [
@@ -305,7 +305,9 @@ class Plan:
         self.route = route
         self.tried: list[Tried] = []
         self._router = router
-        self._facts = facts
+        # The model only: the facts hold the parsed body, which a request
+        # waiting on the upstream must not keep.
+        self._model = facts.model
         self._targets = list(route.targets)
         self._keys: list[int] = []
         self._target = None
@@ -429,7 +431,7 @@ class Plan:
         upstream = self._router.settings[self._target.upstream]
         attempt = Attempt(
             upstream=upstream,
-            model=self._target.model or self._facts.model,
+            model=self._target.model or self._model,
             key_index=key_index,
             key=None if key_index is None else upstream.keys[key_index],
             resting=resting,
@@ -452,6 +454,7 @@ class Router:
         self.key_rest = config.key_rest
         self._clock = clock
         self.settings = {u.name: config.settings_for(u) for u in config.upstreams}
+        self._rules: dict = {}
         self._health = {}
         for upstream in config.upstreams:
             kept = (_health or {}).get(upstream.name)
@@ -463,6 +466,13 @@ class Router:
 
     def now(self) -> float:
         return self._clock.seconds()
+
+    def rules(self, upstream: Upstream):
+        """The id-translation rules for ``upstream`` (:func:`~twisted_relay.config.rules_for`), made once."""
+        rules = self._rules.get(upstream.name)
+        if rules is None:
+            rules = self._rules[upstream.name] = rules_for(upstream, self.config)
+        return rules
 
     def health_of(self, name: str) -> _UpstreamHealth:
         return self._health[name]
