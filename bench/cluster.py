@@ -8,6 +8,8 @@ or ``nginx-light`` package)::
 
     python bench/cluster.py                        # 4 sessions of 200 turns
     python bench/cluster.py --sessions 2 --turns 50
+    python bench/cluster.py --threads              # the same with message threads
+
 
 Every process is started here, on 127.0.0.1 and free ports only: one
 simulated upstream (``twisted-relay-simulated --mode strict``, which refuses
@@ -19,6 +21,16 @@ as Claude Code does, with the SDK's own retries off, so every failure shows.
 Once a third of the turns are done, the script waits until one relay has a
 request in flight (its ``/ready`` says so) and sends it SIGTERM. Every turn
 must still succeed. nginx's access log says which relay served each turn.
+
+With ``--threads`` a ``redis-server`` (its own folder, no persistence) is
+started too, the three relays keep message threads in it
+(``--thread-store redis://...``), and each session is the SDK's default tool
+runner (threads on): one ``create``, then one ``continue`` per turn with the
+tool results only, each landing on whichever relay nginx picks, not
+necessarily the one that kept the thread. A ``continue`` the relay cannot
+serve is answered as the API does (404 ``thread_not_found``, ...), the SDK
+replays the whole conversation under a new thread, and the run counts these
+answers; each relay's ``/metrics`` gives its thread hits and misses.
 
 ``tests/test_deploy.py`` runs a shorter version of the same run in CI.
 """
@@ -133,6 +145,9 @@ class Report:
     stopped_exit_status: int | None = None
     stop_seconds: float = 0.0
     seconds: float = 0.0
+    threads: bool = False
+    thread_lookups: dict = field(default_factory=dict)
+    other_answers: dict = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         served = ", ".join("%s: %d" % (addr, count) for addr, count in sorted(self.served_by.items()))
@@ -148,14 +163,22 @@ class Report:
             % (self.resent_by_nginx, ", ".join("%s: %d" % item for item in sorted(self.resend_reasons.items()))
                or "none"),
             "wall time: %.1f s" % (self.seconds,),
-        ] + ["failure: %s" % (f,) for f in self.failed[:10]]
+        ] + ([
+            "thread continues per relay (its /metrics; the stopped one's just before the signal): %s"
+            % (", ".join("%s: %d hits, %d misses" % (addr, found.get("hit", 0), found.get("miss", 0))
+                         for addr, found in sorted(self.thread_lookups.items())),),
+            "answers other than 200 (each one a replay by the SDK): %s"
+            % (", ".join("%s: %d" % item for item in sorted(self.other_answers.items())) or "none",),
+        ] if self.threads else []) + ["failure: %s" % (f,) for f in self.failed[:10]]
 
 
 class Cluster:
     """The upstream, three relays and nginx, all started (and stopped) here."""
 
-    def __init__(self, folder: str, relays: int = 3, event_delay: float = 0.003, drain_delay: float = 2.0):
+    def __init__(self, folder: str, relays: int = 3, event_delay: float = 0.003, drain_delay: float = 2.0,
+                 threads: bool = False):
         self.folder = folder
+        self.threads = threads
         self.count = relays
         self.event_delay = event_delay
         self.drain_delay = drain_delay
@@ -180,6 +203,9 @@ class Cluster:
         if nginx is None:
             raise RuntimeError("nginx is not installed (apt-get install nginx-light)")
         bindir = os.path.dirname(sys.executable)
+        relay_options = []
+        if self.threads:
+            relay_options = ["--thread-store", self._start_redis()]
         upstream_port = free_port()
         simulated = os.path.join(bindir, "twisted-relay-simulated")
         command = [simulated] if os.access(simulated, os.X_OK) else [
@@ -197,7 +223,7 @@ class Cluster:
                 [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", "-n", "--pidfile=",
                  "relay", "--upstream", "http://127.0.0.1:%d" % (upstream_port,),
                  "--listen", "tcp:%d:interface=127.0.0.1" % (port,), "--no-dumps",
-                 "--drain-delay", str(self.drain_delay), "--shutdown-grace", "20"],
+                 "--drain-delay", str(self.drain_delay), "--shutdown-grace", "20"] + relay_options,
                 log_name,
             )
             self.relays.append((port, process, log_name))
@@ -222,6 +248,32 @@ class Cluster:
             "nginx.out",
         )
         _wait_for("http://127.0.0.1:%d/health" % (self.nginx_port,), nginx_process)
+
+    def _start_redis(self) -> str:
+        """A ``redis-server`` on a free port, in its own folder, nothing saved; its URL once it answers."""
+        server = shutil.which("redis-server")
+        if server is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        folder = os.path.join(self.folder, "redis")
+        os.makedirs(folder, exist_ok=True)
+        port = free_port()
+        process = self._spawn(
+            [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", folder, "--save", "",
+             "--appendonly", "no", "--protected-mode", "yes"],
+            "redis.log",
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return "redis://127.0.0.1:%d" % (port,)
+            except OSError:
+                pass
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError("redis-server did not start (see redis.log)")
+            time.sleep(0.05)
 
     @property
     def base_url(self) -> str:
@@ -254,6 +306,16 @@ class Cluster:
                     resent += 1
                 counts[addresses[-1]] = counts.get(addresses[-1], 0) + 1
         return counts, resent
+
+    def other_answers(self) -> dict:
+        """``POST /v1/messages`` answered by nginx with a status other than 200: status -> count."""
+        statuses: dict[str, int] = {}
+        with open(os.path.join(self.folder, "access.log")) as f:
+            for line in f:
+                found = re.match(r"^\S.*? (\d{3}) POST /v1/messages ", line)
+                if found and found.group(1) != "200":
+                    statuses[found.group(1)] = statuses.get(found.group(1), 0) + 1
+        return statuses
 
     def resend_reasons(self) -> dict:
         """Why nginx gave up on a relay for a request, from its error log: reason -> count."""
@@ -298,6 +360,39 @@ def _session(base_url: str, turns: int, number: int, progress: list, failures: l
         client.close()
 
 
+def _threads_session(base_url: str, turns: int, number: int, progress: list, failures: list) -> None:
+    """The SDK's default tool runner (threads on) for ``turns`` turns; an error ends it and is counted."""
+    try:
+        from bench.threads_today import tool_runner_session
+    except ImportError:  # run as a script: bench/ itself is on the path
+        from threads_today import tool_runner_session
+
+    try:
+        result = tool_runner_session(base_url, turns, on_turn=lambda completed: progress.append(1))
+    except Exception as e:  # a connection error or a timeout: the turn is not retried
+        failures.append("session %d: %s: %s" % (number, type(e).__name__, str(e)[:300]))
+        return
+    if result["error"]:
+        failures.append("session %d turn %d: %s" % (number, result["completed"], result["error"]))
+    elif result["completed"] != turns:
+        failures.append("session %d: the runner stopped after %d turns" % (number, result["completed"]))
+    if result["duplicates"]:
+        failures.append("session %d: the client saw %d ids more than once" % (number, result["duplicates"]))
+
+
+def thread_lookups(port: int) -> dict:
+    """A relay's thread continues by outcome (``hit``, ``miss``), read from its ``/metrics``."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (port,), timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    return {
+        outcome: int(float(value))
+        for outcome, value in re.findall(r'^relay_thread_lookups_total\{outcome="(\w+)"\} (\S+)$', text, re.M)
+    }
+
+
 def _stop_one_in_flight(cluster: Cluster, report: Report, progress: list, after_turns: int, done: threading.Event):
     """Once ``after_turns`` are done, SIGTERM a relay the moment it has a request in flight."""
     while len(progress) < after_turns and not done.is_set():
@@ -310,6 +405,8 @@ def _stop_one_in_flight(cluster: Cluster, report: Report, progress: list, after_
             except OSError:
                 continue
             if status == 200 and ready.get("active_requests", 0) >= 1:
+                if cluster.threads:
+                    report.thread_lookups["127.0.0.1:%d" % (port,)] = thread_lookups(port)
                 started = time.monotonic()
                 process.send_signal(signal.SIGTERM)
                 # In flight when the signal left (the relay's own count, read
@@ -330,10 +427,11 @@ def _stop_one_in_flight(cluster: Cluster, report: Report, progress: list, after_
 
 
 def run(folder: str, sessions: int, turns: int, *, event_delay: float = 0.003, drain_delay: float = 2.0,
-        stop_after: float = 1 / 3) -> Report:
+        stop_after: float = 1 / 3, threads: bool = False) -> Report:
     """Start the cluster in ``folder``, drive the sessions, stop one relay mid-run; always stop everything."""
-    report = Report()
-    cluster = Cluster(folder, event_delay=event_delay, drain_delay=drain_delay)
+    report = Report(threads=threads)
+    cluster = Cluster(folder, event_delay=event_delay, drain_delay=drain_delay, threads=threads)
+    session = _threads_session if threads else _session
     started = time.monotonic()
     try:
         cluster.start()
@@ -347,7 +445,7 @@ def run(folder: str, sessions: int, turns: int, *, event_delay: float = 0.003, d
         )
         stopper.start()
         threads = [
-            threading.Thread(target=_session, args=(cluster.base_url, turns, i, progress, failures), daemon=True)
+            threading.Thread(target=session, args=(cluster.base_url, turns, i, progress, failures), daemon=True)
             for i in range(sessions)
         ]
         for thread in threads:
@@ -360,6 +458,11 @@ def run(folder: str, sessions: int, turns: int, *, event_delay: float = 0.003, d
         report.failed = failures
         report.served_by, report.resent_by_nginx = cluster.served_by()
         report.resend_reasons = cluster.resend_reasons()
+        report.other_answers = cluster.other_answers()
+        if threads:
+            for port, process, _ in cluster.relays:
+                if process.poll() is None:
+                    report.thread_lookups["127.0.0.1:%d" % (port,)] = thread_lookups(port)
     finally:
         cluster.stop()
         report.seconds = time.monotonic() - started
@@ -372,11 +475,13 @@ def main(argv=None) -> int:
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--event-delay", type=float, default=0.01, help="seconds between the upstream's events")
     parser.add_argument("--drain-delay", type=float, default=2.0)
+    parser.add_argument("--threads", action="store_true",
+                        help="message threads: a Redis thread store shared by the relays, the SDK's tool runner")
     parser.add_argument("--keep", action="store_true", help="keep the folder of logs")
     options = parser.parse_args(argv)
     folder = tempfile.mkdtemp(prefix="relay-cluster-")
     report = run(folder, options.sessions, options.turns, event_delay=options.event_delay,
-                 drain_delay=options.drain_delay)
+                 drain_delay=options.drain_delay, threads=options.threads)
     for line in report.lines():
         print(line)
     if options.keep:
