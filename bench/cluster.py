@@ -164,7 +164,7 @@ class Report:
                or "none"),
             "wall time: %.1f s" % (self.seconds,),
         ] + ([
-            "thread continues per relay (its /metrics; the stopped one's just before the signal): %s"
+            "thread continues per relay (its /metrics; the stopped one's as late as it answered): %s"
             % (", ".join("%s: %d hits, %d misses" % (addr, found.get("hit", 0), found.get("miss", 0))
                          for addr, found in sorted(self.thread_lookups.items())),),
             "answers other than 200 (each one a replay by the SDK): %s"
@@ -368,7 +368,12 @@ def _threads_session(base_url: str, turns: int, number: int, progress: list, fai
         from threads_today import tool_runner_session
 
     try:
-        result = tool_runner_session(base_url, turns, on_turn=lambda completed: progress.append(1))
+        result = tool_runner_session(
+            base_url, turns, on_turn=lambda completed: progress.append(1),
+            # Its own first message: the simulated upstream's answer ids follow
+            # from the request, and the same ids would be the same threads.
+            prompt="Session %d: weather everywhere, one call at a time." % (number,),
+        )
     except Exception as e:  # a connection error or a timeout: the turn is not retried
         failures.append("session %d: %s: %s" % (number, type(e).__name__, str(e)[:300]))
         return
@@ -405,8 +410,6 @@ def _stop_one_in_flight(cluster: Cluster, report: Report, progress: list, after_
             except OSError:
                 continue
             if status == 200 and ready.get("active_requests", 0) >= 1:
-                if cluster.threads:
-                    report.thread_lookups["127.0.0.1:%d" % (port,)] = thread_lookups(port)
                 started = time.monotonic()
                 process.send_signal(signal.SIGTERM)
                 # In flight when the signal left (the relay's own count, read
@@ -417,6 +420,13 @@ def _stop_one_in_flight(cluster: Cluster, report: Report, progress: list, after_
                     1 for line in open(os.path.join(cluster.folder, "access.log"))
                     if line.startswith(report.stopped + " ") and " POST /v1/messages " in line
                 )
+                if cluster.threads:
+                    # Its thread lookups as late as it answers (it serves /metrics while it drains).
+                    while process.poll() is None and time.monotonic() - started < 60:
+                        report.thread_lookups[report.stopped] = (
+                            thread_lookups(port) or report.thread_lookups.get(report.stopped, {})
+                        )
+                        time.sleep(0.05)
                 report.stopped_exit_status = process.wait(timeout=60)
                 report.stop_seconds = time.monotonic() - started
                 text = open(os.path.join(cluster.folder, log_name), encoding="utf-8", errors="replace").read()

@@ -36,13 +36,18 @@ UPSTREAMS = (
 UPSTREAM_IDS = {"strict": "unique", "stateful": "original"}
 
 
-def tool_runner_session(base_url: str, turns: int, *, fresh_connections: bool = False, on_turn=None) -> dict:
+def tool_runner_session(
+    base_url: str, turns: int, *, fresh_connections: bool = False, on_turn=None,
+    prompt: str = "Weather everywhere, one call at a time.",
+) -> dict:
     """
     The SDK's default tool runner for ``turns`` turns; runs in a thread.
 
     :param fresh_connections: one connection per request (none kept alive),
         so that relay workers sharing a port each take some.
     :param on_turn: called with the number of turns completed after each.
+    :param prompt: the first message; sessions at once need their own (the
+        simulated upstream's answer, its id included, follows from the request).
     """
     import anthropic
     from anthropic import beta_tool
@@ -68,7 +73,7 @@ def tool_runner_session(base_url: str, turns: int, *, fresh_connections: bool = 
     try:
         runner = client.beta.messages.tool_runner(
             model="claude-sonnet-4-5", max_tokens=256, tools=[get_weather],
-            messages=[{"role": "user", "content": "Weather everywhere, one call at a time."}],
+            messages=[{"role": "user", "content": prompt}],
             max_iterations=turns,
         )
         for message in runner:

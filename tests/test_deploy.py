@@ -286,3 +286,31 @@ class NginxRecipeTests(SynchronousTestCase):
         self.assertGreaterEqual(report.in_flight_at_stop, 1, detail)
         self.assertGreater(report.served_by_stopped_before_stop, 0, detail)
         self.assertIn(report.stopped_exit_status, (0, -signal.SIGTERM), detail)
+
+    def test_three_relays_sharing_threads_one_stopped_mid_run(self):
+        """
+        With message threads: three relays on one Redis thread store behind
+        nginx, sessions of the SDK's default tool runner (threads on) whose
+        continues land on all three, one relay SIGTERMed with a request in
+        flight: no turn fails, and continues kept by one relay are found by
+        the others.
+        """
+        from bench.cluster import run
+
+        from .redis_server import SKIP_REASON
+
+        if SKIP_REASON:
+            raise SkipTest(SKIP_REASON)
+        folder = os.path.abspath(self.mktemp())
+        os.makedirs(folder)
+        sessions, turns = 3, 20
+        report = run(folder, sessions, turns, event_delay=0.01, drain_delay=1.0, threads=True)
+        detail = "\n".join(report.lines())
+        self.assertEqual(report.failed, [], detail)
+        self.assertEqual(report.turns, sessions * turns, detail)
+        self.assertEqual(len(report.served_by), 3, detail)
+        self.assertTrue(all(count > 0 for count in report.served_by.values()), detail)
+        self.assertGreaterEqual(report.in_flight_at_stop, 1, detail)
+        self.assertEqual(len(report.thread_lookups), 3, detail)
+        # Each relay found threads (the surviving ones, most of them kept by another relay).
+        self.assertTrue(all(found.get("hit", 0) > 0 for found in report.thread_lookups.values()), detail)
