@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from urllib.parse import unquote_to_bytes
+from urllib.parse import quote, unquote_to_bytes
 
 import ujson
 from klein import Klein
@@ -38,20 +38,24 @@ from twisted_relay.errors import RelayError
 from twisted_relay.logs import bounded
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.redact import redact_text
+from twisted_relay.routing import FAILOVER_KINDS, NoRoute, RequestFacts, Router
 from twisted_relay.sse import SSEGate
 from twisted_relay.translation import translate_request
 from twisted_relay.upstream import (
     UpstreamClient,
+    UpstreamClients,
     client_response_headers,
     connection_tokens,
     read_body,
     upstream_request_headers,
 )
 
-__all__ = ["RelayApp", "RELAY_REQUEST_ID_HEADER"]
+__all__ = ["RelayApp", "RELAY_REQUEST_ID_HEADER", "RELAY_UPSTREAM_HEADER"]
 
 #: The header that carries the relay's own id for a request; dumps are named by it.
 RELAY_REQUEST_ID_HEADER = b"x-relay-request-id"
+#: The header that names the upstream that served an answer.
+RELAY_UPSTREAM_HEADER = b"x-relay-upstream"
 
 _JSON = b"application/json"
 # Error types an upstream puts in a mid-stream ``error`` event that mean the
@@ -88,10 +92,14 @@ class RelayApp:
     The Messages relay as a Klein application.
 
     :param config: the relay's settings.
-    :param client: the upstream client (owns the connection pool).
+    :param client: the upstream clients, one per upstream of ``config``
+        (:class:`~twisted_relay.upstream.UpstreamClients`), or one
+        :class:`~twisted_relay.upstream.UpstreamClient` for every upstream.
     :param reactor: the reactor, for timers.
     :param dumps: the diagnostic dump writer, or ``None`` for no dumps.
     :param metrics: the relay's metrics; a fresh set when ``None``.
+    :param router: where each request goes (:mod:`twisted_relay.routing`);
+        one made from ``config`` when ``None``.
     """
 
     app = Klein()
@@ -102,19 +110,22 @@ class RelayApp:
     def __init__(
         self,
         config: RelayConfig,
-        client: UpstreamClient,
+        client: "UpstreamClients | UpstreamClient",
         *,
         reactor,
         dumps=None,
         metrics: RelayMetrics | None = None,
+        router: Router | None = None,
     ):
         self._config = config
-        self._client = client
         self._reactor = reactor
         self._dumps = dumps
+        self._router = router if router is not None else Router(config, reactor)
+        self._clients = _one_for_all(client) if isinstance(client, UpstreamClient) else client
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Read when scraped: no work per request.
         self.metrics.watch_active_requests(lambda: len(self._active))
+        self.metrics.watch_router(lambda: self._router)
         self._relay_keys = tuple(key.encode("utf-8") for key in config.relay_keys)
         self._secrets = config.secrets()
         self._active: set = set()
@@ -124,6 +135,21 @@ class RelayApp:
     def resource(self):
         """The relay's web resource, to serve or to mount in another ``Site``."""
         return _RelayResource(self, self.app.resource())
+
+    @property
+    def _client(self) -> UpstreamClient:
+        """The client of the first upstream (whose URL the simulated upstream sets late)."""
+        return self._clients[self._router.config.upstreams[0].name]
+
+    def reconfigure(self, router: Router, clients: "UpstreamClients") -> None:
+        """
+        Route new requests with ``router`` over ``clients`` (a reload);
+        requests in flight keep the ones they started with. The keys of the
+        new configuration are redacted too (those of the old one still are).
+        """
+        self._router = router
+        self._clients = clients
+        self._secrets = tuple(dict.fromkeys(self._secrets + router.config.secrets()))
 
     # -- routes -----------------------------------------------------------
 
@@ -139,13 +165,13 @@ class RelayApp:
 
     @app.route("/v1/models", methods=["GET"])
     def models(self, request):
-        """Relay the model list."""
+        """Relay the model list (to the first target of the route for any model)."""
         return self._relay(request, _MODELS)
 
     @app.route("/v1/models/<model_id>", methods=["GET"])
     def model(self, request, model_id):
-        """Relay one model's description; a model id is one path segment."""
-        return self._relay(request, _MODELS)
+        """Relay one model's description, routed as a request for it; a model id is one path segment."""
+        return self._relay(request, _MODELS, model_id)
 
     @app.route("/", methods=["HEAD"])
     @app.route("/api/hello", methods=["HEAD", "GET"])
@@ -327,8 +353,8 @@ class RelayApp:
             raise RelayError(400, "messages: Field required and must be a list.")
         return body
 
-    def _relay(self, request, route: "_Route"):
-        return _RelayedRequest(self, request, route).run()
+    def _relay(self, request, route: "_Route", model_id: str | None = None):
+        return _RelayedRequest(self, request, route, model_id).run()
 
     def _translate_answer(self, answer: bytes, translation, request_id: str) -> bytes:
         try:
@@ -363,9 +389,12 @@ class RelayApp:
             upstream_headers=list(exchange.upstream_headers.getAllRawHeaders()),
             upstream_body=exchange.upstream_body,
             table=exchange.translation.table.to_dict(),
-            policy=self._config.upstream_ids,
+            policy=exchange.attempt.upstream.ids,
             stream_error=stream_error,
             session_id=_session_id(exchange.client_headers),
+            upstream=exchange.attempt.upstream.name,
+            upstream_model=exchange.attempt.model,
+            attempts=exchange.attempts,
         )
 
     def _note_repairs(self, request_id: str, translation) -> None:
@@ -446,6 +475,31 @@ class _Exchange:
     upstream_headers: Headers
     upstream_body: bytes | None
     translation: object
+    attempt: object
+    attempts: list
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """What one attempt sends upstream."""
+
+    path: str
+    headers: Headers
+    body: bytes | None
+    translation: object
+
+
+class _OneForAll:
+    """One client for every upstream (a relay embedded with a single client)."""
+
+    def __init__(self, client: UpstreamClient):
+        self._client = client
+
+    def __getitem__(self, name: str) -> UpstreamClient:
+        return self._client
+
+
+_one_for_all = _OneForAll
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,10 +529,16 @@ class _RelayedRequest:
     fails with a 504 ``total_timeout`` error.
     """
 
-    def __init__(self, relay: RelayApp, request, route: _Route):
+    def __init__(self, relay: RelayApp, request, route: _Route, model_id: str | None = None):
         self.relay = relay
         self.request = request
         self.route = route
+        self.model_id = model_id
+        # The plan of attempts, the attempt made last, and whether that
+        # attempt's 2xx answer is yet to be reported to the plan.
+        self.plan = None
+        self.attempt = None
+        self._unsettled = False
         self.id = _new_request_id()
         self.started = relay._reactor.seconds()
         # What the log line and the metrics say.
@@ -558,9 +618,10 @@ class _RelayedRequest:
 
     async def _relay(self):
         relay, request, route = self.relay, self.request, self.route
-        config = relay._config
+        # This request's routes and clients, whatever a reload does meanwhile.
+        router, clients = relay._router, relay._clients
         received_at = time.time()
-        raw = upstream_body = translation = None
+        raw = body = None
         stream_asked = False
         try:
             relay._admit(request)
@@ -571,28 +632,29 @@ class _RelayedRequest:
                 raw = relay._read_body(request)
                 body = relay._parse_messages_body(raw)
                 stream_asked = body.get("stream") is True
-                translation = translate_request(body, config.upstream_ids)
-                relay._note_repairs(self.id, translation)
-                upstream_body = to_json(translation.upstream_body) if translation.changed else raw
-                # The parsed body (often ten times the size of its bytes) is
-                # not needed once serialised: a request that waits on the
-                # upstream holds its bytes only.
-                del body
-                translation.forget_body()
-            headers = upstream_request_headers(
-                request.requestHeaders, config.upstream_key, strip_credentials=bool(relay._relay_keys)
-            )
-            response = await self._send(request.method, path, headers, upstream_body)
+                plan = router.plan(body, len(raw))
+            elif self.model_id is not None:
+                plan = router.plan_for(RequestFacts.for_model(self.model_id))
+            else:
+                plan = router.plan_for_listing()
+            if isinstance(plan, NoRoute):
+                raise plan.error()
+            self.plan = plan
+            response, sent = await self._attempts(plan, clients, router, path, raw, body)
+            del body
         except RelayError as e:
             self.error = e.message
             return relay._error(request, e, self.id)
 
+        attempt = self.attempt
+        idle_timeout = attempt.upstream.idle_timeout or None
         exchange = _Exchange(
-            self.id, received_at, relay._client.display_url + path, request.requestHeaders,
-            raw, headers, upstream_body, translation,
+            self.id, received_at, clients[attempt.upstream.name].display_url + sent.path, request.requestHeaders,
+            raw, sent.headers, sent.body, sent.translation, attempt, self._attempt_labels(),
         )
         request.setResponseCode(response.code)
         _set_headers(request, client_response_headers(response.headers, connection_tokens(response)))
+        request.setHeader(RELAY_UPSTREAM_HEADER, attempt.upstream.name.encode("ascii"))
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         if (
             route.stream_ok
@@ -601,62 +663,171 @@ class _RelayedRequest:
             and content_type.startswith(b"text/event-stream")
         ):
             self.stream = True
-            await self._stream(response, exchange)
+            await self._stream(response, exchange, idle_timeout)
             return None
         try:
-            answer = await self._read_whole(response)
+            answer = await self._read_whole(response, idle_timeout)
         except RelayError as e:
             # Headers have been set but nothing written: a plain error still fits.
             _clear_headers(request)
             self.error = e.message
             return relay._error(request, e, self.id)
-        if 400 <= response.code < 500 and translation is not None:
+        finally:
+            self._settle()
+        if 400 <= response.code < 500 and sent.translation is not None:
             relay._dump(exchange, response, answer)
         if response.code >= 400:
             answer = _without_keys(answer, relay._secrets)
         elif response.code < 300 and route.translate_answer:
-            answer = relay._translate_answer(answer, translation, self.id)
+            answer = relay._translate_answer(answer, sent.translation, self.id)
         metrics = relay.metrics
         metrics.labelled(metrics.time_to_first_byte, route.name, "false").observe(
             relay._reactor.seconds() - self.started
         )
         return _whole(request, answer)
 
-    async def _send(self, method, path, headers, body):
+    async def _attempts(self, plan, clients, router, path: str, raw: bytes | None, body: dict | None):
         """
-        Send upstream; send again after a failure that reached no client
-        byte, as ``retries`` and ``retry_statuses`` allow.
+        Make the plan's attempts, one at a time, until one's outcome goes to
+        the client (:func:`twisted_relay.routing.judge`): an answer, or a
+        failure with no answer (raised). A 2xx answer is reported to the plan
+        once its body has been relayed (:meth:`_settle`).
+        """
+        metrics = self.relay.metrics
+        attempt = plan.first()
+        while True:
+            self.attempt = attempt
+            sent = self._prepare(attempt, router, path, raw, body)
+            body = None  # made again from the bytes should another upstream be tried
+            name = attempt.upstream.name
+            metrics.labelled(metrics.upstream_requests, name).inc()
+            try:
+                response = await self._send(clients[name], sent, attempt)
+            except RelayError as e:
+                following = plan.report(attempt, error_kind=e.kind)
+                self._note_attempt(attempt, e.kind or "failed", following)
+                if following is None:
+                    if len(plan.tried) > 1 and e.kind in FAILOVER_KINDS:
+                        raise plan.error() from None
+                    raise
+                attempt = following
+                continue
+            if response.code < 300:
+                self._unsettled = True
+                return response, sent
+            retry_after = _retry_after(response.headers) if response.code == 429 else None
+            following = plan.report(attempt, response.code, retry_after=retry_after)
+            self._note_attempt(attempt, str(response.code), following)
+            if following is None:
+                return response, sent
+            # Read the refused answer, so its connection goes back to the pool.
+            await self._discard(response, attempt)
+            attempt = following
+
+    def _prepare(self, attempt, router, path: str, raw: bytes | None, body: dict | None) -> "_Sent":
+        """The path, headers and body to send for one attempt: its model, its key, its upstream's id rules."""
+        relay, request = self.relay, self.request
+        headers = upstream_request_headers(
+            request.requestHeaders, attempt.key, strip_credentials=bool(relay._relay_keys)
+        )
+        if raw is None:
+            if self.model_id is not None and attempt.model is not None and attempt.model != self.model_id:
+                path = _renamed_model_path(path, attempt.model)
+            return _Sent(path, headers, None, None)
+        if body is None:
+            body = ujson.loads(raw)
+        renamed = attempt.model is not None and body.get("model") != attempt.model
+        if renamed:
+            body = dict(body)
+            body["model"] = attempt.model
+        translation = translate_request(body, router.rules(attempt.upstream))
+        if not self.plan.tried:
+            relay._note_repairs(self.id, translation)
+        upstream_body = to_json(translation.upstream_body) if translation.changed or renamed else raw
+        # The parsed body (often ten times the size of its bytes) is not
+        # needed once serialised: a request that waits on the upstream holds
+        # its bytes only.
+        translation.forget_body()
+        return _Sent(path, headers, upstream_body, translation)
+
+    def _note_attempt(self, attempt, outcome: str, following) -> None:
+        """Log and count an attempt whose outcome did not end the request well, or moved it on."""
+        relay, metrics = self.relay, self.relay.metrics
+        name = attempt.upstream.name
+        if outcome.isdigit() and int(outcome) < 500 and outcome not in ("401", "403", "429"):
+            return  # an answer the client must see, not a failure of the upstream
+        metrics.labelled(metrics.upstream_attempt_failures, name, outcome).inc()
+        if following is None:
+            return
+        metrics.labelled(metrics.failovers, name).inc()
+        relay.log.warn(
+            "Upstream {attempt} answered {outcome} for {relay_request_id}; trying {following}",
+            attempt=attempt.label,
+            outcome=outcome,
+            following=following.label,
+            relay_request_id=self.id,
+            upstream=name,
+            upstream_model=attempt.model,
+        )
+
+    def _settle(self, error_kind: str | None = None) -> None:
+        """Report the delivered 2xx attempt's outcome, once its body has gone (or broken off)."""
+        if not self._unsettled:
+            return
+        self._unsettled = False
+        attempt = self.attempt
+        if error_kind is None:
+            self.plan.report(attempt, 200)
+        else:
+            self.plan.report(attempt, error_kind=error_kind, first_byte_sent=True)
+            metrics = self.relay.metrics
+            metrics.labelled(metrics.upstream_attempt_failures, attempt.upstream.name, error_kind).inc()
+
+    def _attempt_labels(self) -> list[str]:
+        """Every attempt made, with its outcome: ``local (connect)``, ``anthropic key #2 (200)``."""
+        labels = ["%s (%s)" % (t.attempt.label, t.outcome) for t in self.plan.tried]
+        if self._unsettled:
+            labels.append("%s (answered)" % (self.attempt.label,))
+        return labels
+
+    async def _discard(self, response, attempt) -> None:
+        relay = self.relay
+        try:
+            await self._wait(read_body(response, relay._reactor, attempt.upstream.idle_timeout or None))
+        except RelayError as e:
+            if e.kind == "total_timeout":
+                raise
+
+    async def _send(self, client: UpstreamClient, sent: "_Sent", attempt):
+        """
+        Send one attempt upstream; send again after a failure that reached
+        no client byte, as ``retries`` and ``retry_statuses`` allow.
         """
         relay = self.relay
         config, clock, metrics = relay._config, relay._reactor, relay.metrics
-        attempt = 0
+        retried = 0
         while True:
-            sent = clock.seconds()
+            started = clock.seconds()
             try:
-                response = await self._wait(relay._client.request(method, path, headers, body))
+                response = await self._wait(client.request(self.request.method, sent.path, sent.headers, sent.body))
             except RelayError as e:
-                if e.kind in _RETRYABLE_KINDS and attempt < config.retries:
-                    attempt += 1
-                    await self._retry_pause(attempt, None, e.message)
+                if e.kind in _RETRYABLE_KINDS and retried < config.retries:
+                    retried += 1
+                    await self._retry_pause(retried, None, e.message)
                     continue
                 metrics.upstream_errors.labels(e.kind or "other").inc()
                 raise
-            metrics.labelled(metrics.upstream_latency, self.route.name).observe(clock.seconds() - sent)
+            metrics.labelled(metrics.upstream_latency, self.route.name).observe(clock.seconds() - started)
             if (
                 response.code in config.retry_statuses
                 and (response.code == 429 or response.code >= 500)
-                and attempt < config.retries
+                and retried < config.retries
             ):
                 delay = _retry_after(response.headers)
                 if delay is None or delay <= config.max_retry_wait:
-                    attempt += 1
-                    # Read the refused answer, so its connection goes back to the pool.
-                    try:
-                        await self._wait(read_body(response, clock, config.idle_timeout or None))
-                    except RelayError as e:
-                        if e.kind == "total_timeout":
-                            raise
-                    await self._retry_pause(attempt, delay, "status %d" % (response.code,))
+                    retried += 1
+                    await self._discard(response, attempt)
+                    await self._retry_pause(retried, delay, "status %d" % (response.code,))
                     continue
             return response
 
@@ -670,15 +841,17 @@ class _RelayedRequest:
         )
         await self._wait(deferLater(relay._reactor, delay, lambda: None))
 
-    async def _read_whole(self, response) -> bytes:
+    async def _read_whole(self, response, idle_timeout: float | None) -> bytes:
         relay = self.relay
         try:
-            return await self._wait(read_body(response, relay._reactor, relay._config.idle_timeout or None))
+            return await self._wait(read_body(response, relay._reactor, idle_timeout))
         except RelayError as e:
             relay.metrics.upstream_errors.labels(e.kind).inc()
+            if self._unsettled:
+                self._settle(e.kind)
             raise
 
-    async def _stream(self, response, exchange: "_Exchange") -> None:
+    async def _stream(self, response, exchange: "_Exchange", idle_timeout: float | None) -> None:
         relay, request, route = self.relay, self.request, self.route
         config, clock, metrics = relay._config, relay._reactor, relay.metrics
         first_byte = [True]
@@ -698,7 +871,7 @@ class _RelayedRequest:
             write,
             exchange.translation.response(),
             clock=clock,
-            idle_timeout=config.idle_timeout or None,
+            idle_timeout=idle_timeout,
             ping_interval=config.ping_interval or None,
             on_rewrite=lambda rewrite: relay._note_rewrite(exchange.request_id, rewrite),
             on_error_event=on_error_event,
@@ -716,12 +889,18 @@ class _RelayedRequest:
         except RelayError as e:
             self.error = e.message
             metrics.upstream_errors.labels(e.kind or "stream").inc()
+            # Nothing is taken back once the stream has begun: the
+            # upstream's breaker hears of it, the client gets the error.
+            self._settle(e.kind or "stream")
             relay.log.warn(
-                "Stream {relay_request_id} ended with an error: {message}",
+                "Stream {relay_request_id} from {upstream} ended with an error: {message}",
                 relay_request_id=exchange.request_id,
+                upstream=exchange.attempt.upstream.name,
                 message=e.message,
             )
             request.write(e.sse_event())
+        else:
+            self._settle()
         finally:
             metrics.active_streams.dec()
             request.unregisterProducer()
@@ -730,6 +909,7 @@ class _RelayedRequest:
         relay, request = self.relay, self.request
         status = self.status or request.code
         relay.metrics.labelled(relay.metrics.requests, self.route.name, str(status)).inc()
+        attempt = self.attempt
         relay.log.info(
             "{method} {path} {status} {duration_ms}ms ({relay_request_id})",
             method=request.method.decode("ascii", "replace"),
@@ -739,7 +919,17 @@ class _RelayedRequest:
             relay_request_id=self.id,
             stream=self.stream,
             error=None if self.error is None else bounded(self.error, 1000),
+            upstream=None if attempt is None else attempt.upstream.name,
+            upstream_model=None if attempt is None or attempt.model is None else bounded(attempt.model),
+            attempts=None if self.plan is None else self._attempt_labels(),
         )
+
+
+def _renamed_model_path(path: str, model: str) -> str:
+    """``/v1/models/{id}?query`` with the model id replaced (a target's rename)."""
+    target, mark, query = path.partition("?")
+    head = target.rpartition("/")[0]
+    return "%s/%s%s%s" % (head, quote(model, safe=""), mark, query)
 
 
 def _method_and_path(request) -> tuple[str, str]:

@@ -105,6 +105,9 @@ class DumpRequest:
     policy: str
     stream_error: dict | None = None
     session_id: str | None = None
+    upstream: str | None = None
+    upstream_model: str | None = None
+    attempts: tuple = ()
 
     def held_bytes(self) -> int:
         """The bytes this request keeps in memory while it waits."""
@@ -160,6 +163,9 @@ def build_dump(request: DumpRequest, settings: dict) -> dict:
         "status": request.status,
         "error": _error_summary(response_body, request.stream_error),
         "upstream_url": redact_url(request.upstream_url),
+        "upstream": request.upstream,
+        "upstream_model": request.upstream_model,
+        "attempts": list(request.attempts),
         "policy": request.policy,
         "relay_version": __version__,
         "timeline": build_timeline(client_body, upstream_body),
@@ -519,6 +525,10 @@ class DumpWriter(Service):
         d.addCallback(lambda _: None)
         return d
 
+    def add_secrets(self, secrets) -> None:
+        """Remove these keys from every dump too (a reloaded configuration's)."""
+        self._secrets = tuple(dict.fromkeys(self._secrets + tuple(s for s in secrets if s)))
+
     def submit(
         self,
         *,
@@ -537,6 +547,9 @@ class DumpWriter(Service):
         policy: str,
         stream_error: dict | None = None,
         session_id: str | None = None,
+        upstream: str | None = None,
+        upstream_model: str | None = None,
+        attempts=(),
     ) -> "Deferred[str | None]":
         """
         Queue the dump of one refused request and return at once; call it on
@@ -560,6 +573,9 @@ class DumpWriter(Service):
             policy=policy,
             stream_error=stream_error,
             session_id=session_id,
+            upstream=upstream,
+            upstream_model=upstream_model,
+            attempts=tuple(attempts),
         )
         try:
             return self._queue(request)

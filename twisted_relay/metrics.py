@@ -142,6 +142,40 @@ class _ThreadStoreCollector:
             )
 
 
+_BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def _router_figures(router):
+    """``(upstream, breaker state as a number, keys resting)`` for each upstream of ``router``."""
+    for upstream in router.config.upstreams:
+        name = upstream.name
+        yield name, _BREAKER_STATES[router.state(name)], len(router.keys_resting(name))
+
+
+class _RouterCollector:
+    """Each upstream's breaker state and resting keys, read from the router when scraped."""
+
+    def __init__(self, router):
+        self._router = router
+
+    def collect(self):
+        state = GaugeMetricFamily(
+            "relay_upstream_breaker_state",
+            "Each upstream's circuit breaker: 0 closed, 1 half-open (probing), 2 open (skipped).",
+            labels=["upstream"],
+        )
+        resting = GaugeMetricFamily(
+            "relay_upstream_keys_resting",
+            "Keys of each upstream's pool resting (refused or rate-limited).",
+            labels=["upstream"],
+        )
+        for name, number, keys in _router_figures(self._router()):
+            state.add_metric([name], number)
+            resting.add_metric([name], keys)
+        yield state
+        yield resting
+
+
 class RelayMetrics:
     """
     The relay's counters, gauges and histograms.
@@ -211,6 +245,42 @@ class RelayMetrics:
         self.retries = Counter(
             "relay_upstream_retries", "Upstream requests sent again.", registry=self.registry
         )
+        self.upstream_requests = Counter(
+            "relay_upstream_attempts",
+            "Attempts sent to each upstream (a request tried on two upstreams counts once on each).",
+            ["upstream"],
+            registry=self.registry,
+        )
+        self.upstream_attempt_failures = Counter(
+            "relay_upstream_attempt_failures",
+            "Attempts an upstream failed, by upstream and kind (a status such as 529, or connect, "
+            "timeout, dropped, idle, cut...).",
+            ["upstream", "kind"],
+            registry=self.registry,
+        )
+        self.failovers = Counter(
+            "relay_upstream_failovers",
+            "Attempts on an upstream (or one key of its pool) followed by another attempt.",
+            ["upstream"],
+            registry=self.registry,
+        )
+        self._router = None
+        if self.multiprocess:
+            # Copied from this process's router (sync).
+            self.breaker_state = Gauge(
+                "relay_upstream_breaker_state",
+                "Each upstream's circuit breaker: 0 closed, 1 half-open (probing), 2 open (skipped).",
+                ["upstream"],
+                registry=self.registry,
+                multiprocess_mode="livemax",
+            )
+            self.keys_resting = Gauge(
+                "relay_upstream_keys_resting",
+                "Keys of each upstream's pool resting (refused or rate-limited).",
+                ["upstream"],
+                registry=self.registry,
+                multiprocess_mode="livemax",
+            )
         self._dumps_counted = {"written": 0, "dropped": 0, "failed": 0}
         if self.multiprocess:
             # Copied from the dump writer's own counters (sync).
@@ -236,12 +306,28 @@ class RelayMetrics:
         else:
             self.active_requests.set_function(count)
 
+    def watch_router(self, router) -> None:
+        """
+        Report each upstream's breaker state and resting keys from
+        ``router()`` (a :class:`~twisted_relay.routing.Router`): read when
+        scraped in one process; copied to the shared files every second
+        with workers.
+        """
+        if self.multiprocess:
+            self._router = router
+        else:
+            self.registry.register(_RouterCollector(router))
+
     def sync(self) -> None:
-        """Copy this process's own figures (requests in flight, dumps) to the shared files."""
+        """Copy this process's own figures (requests in flight, dumps, breakers) to the shared files."""
         if not self.multiprocess:
             return
         if self._count_active is not None:
             self.active_requests.set(self._count_active())
+        if self._router is not None:
+            for name, state, resting in _router_figures(self._router()):
+                self.labelled(self.breaker_state, name).set(state)
+                self.labelled(self.keys_resting, name).set(resting)
         if self._dumps is not None:
             for outcome, before in self._dumps_counted.items():
                 now = getattr(self._dumps, outcome, 0)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from twisted_relay.config import RelayConfig, Route, Upstream
+from twisted_relay.config import RelayConfig, Route, Upstream, rules_for
 from twisted_relay.errors import RelayError
 
 __all__ = [
@@ -452,6 +452,7 @@ class Router:
         self.key_rest = config.key_rest
         self._clock = clock
         self.settings = {u.name: config.settings_for(u) for u in config.upstreams}
+        self._rules: dict = {}
         self._health = {}
         for upstream in config.upstreams:
             kept = (_health or {}).get(upstream.name)
@@ -463,6 +464,13 @@ class Router:
 
     def now(self) -> float:
         return self._clock.seconds()
+
+    def rules(self, upstream: Upstream):
+        """The id-translation rules for ``upstream`` (:func:`~twisted_relay.config.rules_for`), made once."""
+        rules = self._rules.get(upstream.name)
+        if rules is None:
+            rules = self._rules[upstream.name] = rules_for(upstream, self.config)
+        return rules
 
     def health_of(self, name: str) -> _UpstreamHealth:
         return self._health[name]

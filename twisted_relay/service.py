@@ -33,7 +33,7 @@ from twisted_relay.gctuning import GarbageCollectorTuning
 from twisted_relay.metrics import RelayMetrics, SharedMetricsFolder
 from twisted_relay.routing import Router
 from twisted_relay.site import RelaySite
-from twisted_relay.upstream import UpstreamClient, display_url
+from twisted_relay.upstream import UpstreamClient, UpstreamClients, display_url
 from twisted_relay.workers import ReusePortListener, WorkerProcesses
 
 # The services that accept connections: stopped before anything else.
@@ -66,14 +66,14 @@ _log = Logger()
 
 
 class _UpstreamPoolService(Service):
-    """Closes the upstream connection pool when the relay stops."""
+    """Closes the upstream connection pools when the relay stops (those of the running configuration)."""
 
-    def __init__(self, client: UpstreamClient):
-        self._client = client
+    def __init__(self, relay: "Relay"):
+        self._relay = relay
 
     def stopService(self):
         Service.stopService(self)
-        return self._client.close()
+        return self._relay.clients.close()
 
 
 class _SimulatedUpstreamService(Service):
@@ -277,12 +277,10 @@ class Relay:
         self.config = config
         self._worker = worker
         self.router = Router(config, reactor)
-        self.client = UpstreamClient(
-            reactor,
-            None if config.simulate else config.upstream,
-            connect_timeout=config.connect_timeout,
-            response_timeout=config.response_timeout,
-            max_connections=config.max_upstream_connections,
+        # Under --simulate, the one upstream (``default``) is the simulated
+        # one, whose URL is known once it listens.
+        self.clients = UpstreamClients(
+            reactor, config, simulated=config.upstreams[0].name if config.simulate else None
         )
         self.dumps = None
         if config.dump_dir:
@@ -304,7 +302,9 @@ class Relay:
             # Before any metric exists: they write to the workers' shared folder.
             shared_metrics = SharedMetricsFolder()
         self.metrics = RelayMetrics(self.dumps)
-        self.app = RelayApp(config, self.client, reactor=reactor, dumps=self.dumps, metrics=self.metrics)
+        self.app = RelayApp(
+            config, self.clients, reactor=reactor, dumps=self.dumps, metrics=self.metrics, router=self.router
+        )
 
         self.service = _RelayService(
             self.app, config.shutdown_grace, reactor=reactor, drain_delay=config.drain_delay
@@ -315,7 +315,7 @@ class Relay:
         sync = self.metrics.sync_service()
         if sync is not None:
             sync.setServiceParent(self.service)
-        _UpstreamPoolService(self.client).setServiceParent(self.service)
+        _UpstreamPoolService(self).setServiceParent(self.service)
         if config.gc_tuning:
             GarbageCollectorTuning().setServiceParent(self.service)
         if self.dumps is not None:
@@ -355,6 +355,8 @@ class Relay:
         config = self.config
         if config.simulate:
             upstream = "simulated:%s at %s" % (config.simulate, self.client.base_url)
+        elif config.config_file is not None and not config._derived:
+            upstream = ", ".join("%s=%s" % (u.name, display_url(u.url)) for u in config.upstreams)
         else:
             upstream = display_url(config.upstream)
         return {
@@ -369,6 +371,11 @@ class Relay:
             "dump_dir": os.path.abspath(config.dump_dir) if config.dump_dir else "off",
             "workers": config.workers,
         }
+
+    @property
+    def client(self) -> UpstreamClient:
+        """The client of the first upstream (the simulated one under ``--simulate``)."""
+        return self.clients[self.config.upstreams[0].name]
 
     def resource(self):
         """The relay's web resource, for mounting in another ``Site``."""
@@ -387,6 +394,14 @@ class Relay:
             return result
         self.config = result.config
         self.router = self.router.reloaded(result.config)
+        self.clients, unused = self.clients.reconfigured(result.config)
+        self.app.reconfigure(self.router, self.clients)
+        if self.dumps is not None:
+            self.dumps.add_secrets(result.config.secrets())
+        for client in unused:
+            # Its idle connections close now; requests in flight on it finish
+            # where they are, and their connections close once idle.
+            client.close()
         if self._workers is not None:
             self._workers.reload(result.config)
         _log.info(

@@ -13,7 +13,7 @@ from typing import Iterable
 from urllib.parse import urlsplit
 
 from twisted.internet.abstract import isIPAddress, isIPv6Address
-from twisted.internet.defer import CancelledError, Deferred, fail, succeed
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail, succeed
 from twisted.internet.endpoints import (
     HostnameEndpoint,
     TCP4ClientEndpoint,
@@ -47,6 +47,7 @@ __all__ = [
     "display_url",
     "read_body",
     "UpstreamClient",
+    "UpstreamClients",
     "UpstreamEndpoints",
     "client_response_headers",
     "connection_tokens",
@@ -706,3 +707,73 @@ def _relay_error_for(failure, base_url: str) -> RelayError:
         % (base_url, _clause(failure.getErrorMessage()) or failure.type.__name__),
         kind="failed",
     )
+
+
+class UpstreamClients:
+    """
+    One :class:`UpstreamClient` (one connection pool) per configured
+    upstream, each with its own timeouts and connection limit
+    (:meth:`~twisted_relay.config.RelayConfig.settings_for`).
+
+    :param reactor: the reactor.
+    :param config: the relay's configuration.
+    :param endpoint_factory: as for :class:`UpstreamClient` (tests).
+    :param simulated: the upstream whose URL is learnt later (the embedded
+        simulated upstream's): its client starts without one.
+    """
+
+    def __init__(self, reactor, config, *, endpoint_factory=None, simulated: str | None = None, _kept=None):
+        self._reactor = reactor
+        self._endpoint_factory = endpoint_factory
+        self._simulated = simulated
+        self._clients: dict[str, UpstreamClient] = {}
+        self._settings: dict[str, tuple] = {}
+        kept = _kept or {}
+        for upstream in config.upstreams:
+            settings = _client_settings(config.settings_for(upstream))
+            old = kept.get(upstream.name)
+            if old is not None and old[0] == settings:
+                self._clients[upstream.name] = old[1]
+            else:
+                url, connect_timeout, response_timeout, max_connections = settings
+                self._clients[upstream.name] = UpstreamClient(
+                    reactor,
+                    None if upstream.name == simulated else url,
+                    connect_timeout=connect_timeout,
+                    response_timeout=response_timeout,
+                    max_connections=max_connections,
+                    endpoint_factory=endpoint_factory,
+                )
+            self._settings[upstream.name] = settings
+
+    def __getitem__(self, name: str) -> UpstreamClient:
+        return self._clients[name]
+
+    def __iter__(self):
+        return iter(self._clients)
+
+    def items(self):
+        return self._clients.items()
+
+    def reconfigured(self, config) -> "tuple[UpstreamClients, list[UpstreamClient]]":
+        """
+        The clients for a new configuration: those of upstreams whose URL,
+        timeouts and connection limit did not change are kept; the others
+        are made anew. Also gives the clients no longer used, to close
+        (:meth:`UpstreamClient.close` closes idle connections only: a
+        request in flight finishes where it is).
+        """
+        kept = {name: (self._settings[name], client) for name, client in self._clients.items()}
+        following = UpstreamClients(
+            self._reactor, config, endpoint_factory=self._endpoint_factory, simulated=self._simulated, _kept=kept
+        )
+        used = set(map(id, following._clients.values()))
+        return following, [c for c in self._clients.values() if id(c) not in used]
+
+    def close(self) -> Deferred:
+        """Close every pool's connections; fires when they are closed."""
+        return DeferredList([client.close() for client in self._clients.values()], consumeErrors=True)
+
+
+def _client_settings(upstream) -> tuple:
+    return (upstream.url, upstream.connect_timeout, upstream.response_timeout, upstream.max_connections)
