@@ -122,10 +122,17 @@ class RoutedCrossingSDKTests(SDKTestMixin, TestCase):
         self.addCleanup(port.stopListening)
         return sim, "http://127.0.0.1:%d" % (port.getHost().port,)
 
-    def serve_pair(self, strict_id_pattern: str | None = "default") -> tuple[SimulatedUpstream, SimulatedUpstream, str]:
-        """Both upstreams, and a relay routing ``kimi-*`` to one and ``claude-*`` to the other."""
-        kimi, kimi_url = self.serve(mode="lenient", seed=11, id_style="kimi", id_pattern=KIMI_ACCEPTS,
-                                    thinking_secret=KIMI_SECRET)
+    def serve_pair(
+        self, strict_id_pattern: str | None = "default", kimi_url: str | None = None
+    ) -> tuple[SimulatedUpstream, SimulatedUpstream, str]:
+        """
+        Both upstreams, and a relay routing ``kimi-*`` to one (falling over
+        to the other) and ``claude-*`` to the other.
+        """
+        kimi = None
+        if kimi_url is None:
+            kimi, kimi_url = self.serve(mode="lenient", seed=11, id_style="kimi", id_pattern=KIMI_ACCEPTS,
+                                        thinking_secret=KIMI_SECRET)
         strict, strict_url = self.serve(mode="strict", seed=12, id_pattern=ANTHROPIC_ID_PATTERN,
                                         thinking_secret=STRICT_SECRET)
         self.dumps = FilePath(self.mktemp())
@@ -137,7 +144,7 @@ class RoutedCrossingSDKTests(SDKTestMixin, TestCase):
                 Upstream("strict", strict_url, ids="unique", id_pattern=strict_id_pattern),
             ),
             routes=(
-                Route(targets=(Target("kimi"),), models=("kimi-*",)),
+                Route(targets=(Target("kimi"), Target("strict", STRICT_MODEL)), models=("kimi-*",)),
                 Route(targets=(Target("strict"),), models=("claude-*",)),
             ),
         )
@@ -234,3 +241,42 @@ class RoutedCrossingSDKTests(SDKTestMixin, TestCase):
         # Replayed with those rules, the dumped translation is the one made.
         out = io.StringIO()
         self.assertEqual(replay.main(["--check", dumps[0].path], stdout=out, stderr=out), 0, out.getvalue())
+
+    async def test_failover_translates_for_the_next_upstream(self):
+        """
+        A request for the Kimi-style model whose upstream is down falls over
+        to the strict one, translated with the strict one's rules: its Kimi
+        ids go encoded and its Kimi thinking stays home, so it is accepted,
+        and the client still sees its own ids.
+        """
+        closed = reactor.listenTCP(0, Site(SimulatedUpstream(reactor=reactor).resource()), interface="127.0.0.1")
+        down = "http://127.0.0.1:%d" % (closed.getHost().port,)
+        await closed.stopListening()
+        _, strict, base = self.serve_pair(kimi_url=down)
+        signature = "relay:kimi:c2lnbmVkLWJ5LWtpbWk="
+        messages = [
+            {"role": "user", "content": "Echo twice."},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Echo it.", "signature": signature},
+                {"type": "tool_use", "id": "functions.echo:0", "name": "echo", "input": {"text": "a"}},
+            ]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "functions.echo:0", "content": "a"}]},
+        ]
+
+        def call():
+            client = sdk_client(base)
+            try:
+                return client.messages.create(model=KIMI_MODEL, max_tokens=2048, messages=messages, tools=ECHO,
+                                              thinking=THINKING)
+            finally:
+                client.close()
+
+        message = await deferToThread(call)
+        self.assertEqual(message.model, STRICT_MODEL)
+        received = strict.requests[-1].body
+        self.assertEqual([b["type"] for b in received["messages"][1]["content"]], ["tool_use"])
+        self.assertEqual(received["messages"][1]["content"][0]["id"], "twr_functions_2e_echo_3a_0")
+        self.assertEqual(received["messages"][2]["content"][0]["tool_use_id"], "twr_functions_2e_echo_3a_0")
+        self.assertNotIn("thinking", received, "a tool loop whose thinking stayed home goes without thinking")
+        self.assertEqual([b.type for b in message.content][-1], "tool_use")
+        self.assertFalse([b.id for b in message.content if b.type == "tool_use" and b.id.startswith("twr_")])
