@@ -20,7 +20,8 @@ The headline, printed first: CPU per paced event (S1), CPU-seconds per MB
 
 Targets: direct, nginx, plain ``twisted.web.proxy``, aiohttp (a plain asyncio
 proxy on uvloop, from its own virtual environment), the relay, the relay with
-``--workers 2`` (``relay2``, on request), LiteLLM.
+``--workers 2`` (``relay2``, on request), the relay with a ``--config`` of two
+upstreams and two routes, routing to the first (``relay-routed``, on request), LiteLLM.
 The kernel places the processes; ``--pin`` gives the targets CPU 1 and the
 fake upstream and the load generator CPU 0 (which then saturates first, at
 about 1,000 paced streams).
@@ -32,6 +33,7 @@ Usage, from the work tree's root::
     python bench/run.py --targets direct,relay --scenarios S1,S3
     python bench/run.py --relay-tree before=/path/to/tree   # the relay before a change, judged against
     python bench/run.py --targets direct,nginx,plain,aiohttp,relay,relay2,litellm  # relay2: --workers 2
+    python bench/run.py --targets relay,relay-routed --scenarios S1,S2  # a config of two upstreams beside one
 
 It is not a test and is not run by CI.
 """
@@ -826,6 +828,8 @@ def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: d
         elif name == "relay":
             made.append(_targets.Relay(workdir, upstream, cpus,
                                        profile=os.path.join(workdir, "relay.prof") if profile else None))
+        elif name == "relay-routed":
+            made.append(_targets.RoutedRelay(workdir, upstream, cpus))
         elif name == "relay2":
             made.append(_targets.Relay(workdir, upstream, cpus, name="relay2", workers=2))
         elif name == "aiohttp":

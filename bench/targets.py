@@ -332,6 +332,56 @@ class Relay(Target):
         return [self.pid] if self.pid else []
 
 
+_ROUTED_CONFIG = """\
+# Two upstreams, two routes; every request the bench sends goes to the first.
+[upstreams.first]
+url = "http://127.0.0.1:%(port)d"
+
+[upstreams.second]
+url = "http://127.0.0.1:9"
+ids = "original"
+
+[[routes]]
+models = ["claude-haiku-*"]
+targets = [{ upstream = "second", model = "small" }, { upstream = "first" }]
+
+[[routes]]
+targets = [{ upstream = "first" }, { upstream = "second" }]
+"""
+
+
+class RoutedRelay(Relay):
+    """
+    The relay with ``--config`` of two upstreams and two routes, every
+    request routed to the first (the fake upstream): beside ``relay``, it
+    shows what routing costs per request and per event.
+    """
+
+    name = "relay-routed"
+    description = "twistd -n relay --config (2 upstreams, 2 routes) --no-dumps --ping-interval 0"
+
+    def _launch(self) -> None:
+        path = os.path.join(self.workdir, self.name + ".toml")
+        with open(path, "w") as f:
+            f.write(_ROUTED_CONFIG % {"port": self.upstream.port})
+        twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+        if not os.path.exists(twistd):
+            twistd = shutil.which("twistd") or "twistd"
+        argv = [
+            twistd,
+            "-n",
+            "-l", os.path.join(self.workdir, self.name + "-twistd.log"),
+            "--pidfile", os.path.join(self.workdir, self.name + ".pid"),
+            "relay",
+            "--config", path,
+            "--listen", "tcp:%d:interface=127.0.0.1:backlog=4096" % (self.port,),
+            "--no-dumps",
+            "--ping-interval", "0",
+        ]
+        pythonpath = self.tree + os.pathsep + os.environ.get("PYTHONPATH", "")
+        self._spawn(argv, env={"PYTHONPATH": pythonpath}, cwd=self.tree)
+
+
 class PlainProxy(Target):
     """``twisted.web.proxy.ReverseProxyResource`` served by a Twisted ``Site``."""
 

@@ -2,7 +2,10 @@
 #
 # An existing Twisted application that mounts twisted-relay under /relay/ in
 # its own Site, beside its own pages, and parents the relay's service so the
-# relay's upstream connection pool and dump writer start and stop with it.
+# relay's upstream connection pools and dump writer start and stop with it.
+#
+# Two upstreams: Claude Code's small requests go to a self-hosted server
+# first (Anthropic when it fails before answering), the rest to Anthropic.
 
 from twisted.application import service, strports
 from twisted.web.resource import Resource
@@ -10,12 +13,23 @@ from twisted.web.server import Site
 from twisted.web.static import Data
 
 from twisted_relay import Relay, RelayConfig
+from twisted_relay.config import Route, Target, Upstream
 
 application = service.Application("my-app")
 
 config = RelayConfig(
     listen=(),  # the application serves; the relay does not listen itself
-    upstream="https://api.anthropic.com",
+    upstreams=(
+        Upstream("anthropic", "https://api.anthropic.com"),  # clients' own credentials pass through
+        Upstream("local", "http://127.0.0.1:8000", ids="original", response_timeout=120.0),
+    ),
+    routes=(
+        Route(
+            models=("claude-haiku-*",),
+            targets=(Target("local", model="qwen3-coder"), Target("anthropic")),
+        ),
+        Route(targets=(Target("anthropic"),)),
+    ),
     dump_dir="relay-dumps",
 )
 relay = Relay(config)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import treq
 import ujson
 from twisted.internet import reactor
+from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
@@ -413,3 +414,87 @@ class NoKeyAnywhereTests(RelayOverUpstreams, TestCase):
                 for text in texts:
                     text = text if isinstance(text, str) else text.decode("utf-8", "replace")
                     self.assertNotIn(key, text, "a key in a %s" % (where,))
+
+
+class ReloadOnRequestPathTests(RelayOverUpstreams, TestCase):
+    """
+    A reload applies to new requests: a new upstream gets a client of its
+    own, an unchanged one keeps its client (and pool), a request in flight
+    finishes where it began; an invalid file changes nothing.
+    """
+
+    def write(self, path, first_url, second_url, model="claude-sonnet-*"):
+        path.setContent(
+            (
+                '[relay]\nno-dumps = true\nno-gc-tuning = true\nlisten = "tcp:0:interface=127.0.0.1"\n\n'
+                '[upstreams.first]\nurl = "%s"\n\n[upstreams.second]\nurl = "%s"\n\n'
+                '[[routes]]\nmodels = ["%s"]\ntargets = [{ upstream = "first" }, { upstream = "second" }]\n'
+                % (first_url, second_url, model)
+            ).encode()
+        )
+
+    async def test_valid_then_invalid(self):
+        """After a reload moving ``first`` elsewhere, new requests go there; the stream in flight ends whole."""
+        from twisted.python.filepath import FilePath
+
+        from twisted_relay.tap import Options
+        from tests.faulty_upstream import complete_stream
+
+        old, old_url = self.upstream()
+        new, new_url = self.upstream()
+        second, second_url = self.upstream()
+        old.script(complete_stream(deltas=5, delay=0.05))
+        folder = FilePath(self.mktemp())
+        folder.makedirs()
+        path = folder.child("relay.toml")
+        self.write(path, old_url, second_url)
+        options = Options()
+        options.parseOptions(["--config", path.path])
+        self.relay = Relay(options.config, reactor)
+        self.relay.service.startService()
+        self.addCleanup(self.relay.service.stopService)
+        port = reactor.listenTCP(0, RelaySite(self.relay.resource()), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.base = "http://127.0.0.1:%d" % (port.getHost().port,)
+        second_client = self.relay.clients["second"]
+
+        in_flight = ensureDeferred(self.post(messages_body(stream=True)))
+        while not old.received:
+            await sleep(0.01)
+        self.write(path, new_url, second_url)
+        self.assertIsNone(self.relay.reload().error)
+        self.assertIs(self.relay.clients["second"], second_client)
+        response, body = await self.post(messages_body())
+        self.assertEqual(response.code, 200)
+        self.assertEqual(len(new.received), 1)
+        response, body = await in_flight
+        self.assertEqual(response.code, 200)
+        self.assertIn(b"message_stop", body)
+        self.assertEqual(len(old.received), 1)
+
+        path.setContent(b"[upstreams.first]\nurll = 'x'\n")
+        self.assertIsNotNone(self.relay.reload().error)
+        response, _ = await self.post(messages_body())
+        self.assertEqual(served_by(response), "first")
+        self.assertEqual(len(new.received), 2)
+
+
+class StreamErrorEventTests(RelayOverUpstreams, TestCase):
+    """An upstream's ``error`` event inside a 200 stream is the client's, and counts against the upstream."""
+
+    async def test_overloaded_inside_stream(self):
+        """The client gets the stream with its error event; the breaker opens; nothing fails over."""
+        from tests.faulty_upstream import Stream, sse_events
+
+        error = (
+            b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n'
+        )
+        self.a, url_a = self.upstream()
+        self.b, url_b = self.upstream()
+        self.a.script(Stream([(0.0, sse_events()[0]), (0.0, error)]))
+        self.start_relay([Upstream("first", url_a), Upstream("second", url_b)], breaker_failures=1)
+        response, body = await self.post(messages_body(stream=True))
+        self.assertEqual(served_by(response), "first")
+        self.assertIn(b"overloaded_error", body)
+        self.assertEqual(self.relay.router.state("first"), "open")
+        self.assertEqual(self.b.received, [])

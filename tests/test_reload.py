@@ -130,9 +130,9 @@ class ReloadTests(TestCase):
 
 class FileUpstreamsTodayTests(TestCase):
     """
-    Until the request path reads the routes, a relay started with a file of
-    upstreams relays to the file's first upstream, with its first key: not
-    to the default upstream, and never without the key it was given.
+    A relay started with a file of upstreams (and no routes) sends every
+    model to the file's first upstream, with the first key of its pool:
+    not to the default upstream, and never without the key it was given.
     """
 
     async def test_first_upstream_serves(self):

@@ -49,7 +49,7 @@ import inspect
 from dataclasses import dataclass, fields
 
 from twisted.internet import abstract, tcp
-from twisted.internet.defer import succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.web import client as _client
 from twisted.web import http as _http
@@ -65,6 +65,7 @@ __all__ = [
     "one_send_request",
     "probe",
     "raise_listen_errors",
+    "retire_pool",
     "send_now",
     "use",
 ]
@@ -340,8 +341,13 @@ if _HTTP11ClientProtocol is not None and _HTTP11ClientFactory is not None:
 
             self._factory = factory
 
+        retired = False
+
         def _putConnection(self, key, connection):
             if closing(connection.transport):
+                return
+            if self.retired:
+                connection.transport.loseConnection()
                 return
             super()._putConnection(key, connection)
 
@@ -359,6 +365,16 @@ def connection_pool(reactor):
             reactor, persistent=True, decoders=_transfer_decoders() if _coalescing_decoder else None
         )
     return _client.HTTPConnectionPool(reactor, persistent=True)
+
+
+def retire_pool(pool) -> Deferred:
+    """
+    Close a pool's idle connections now, and each busy one when its answer
+    ends (with the relay's own pool; Twisted's keeps those until its
+    cached-connection timeout). Fires when the idle ones are closed.
+    """
+    pool.retired = True
+    return pool.closeCachedConnections()
 
 
 if _Request is not None:

@@ -539,6 +539,7 @@ class _RelayedRequest:
         self.plan = None
         self.attempt = None
         self._unsettled = False
+        self._body = None
         self.id = _new_request_id()
         self.started = relay._reactor.seconds()
         # What the log line and the metrics say.
@@ -640,8 +641,10 @@ class _RelayedRequest:
             if isinstance(plan, NoRoute):
                 raise plan.error()
             self.plan = plan
-            response, sent = await self._attempts(plan, clients, router, path, raw, body)
-            del body
+            # Handed over, not kept in this frame: the first attempt drops it
+            # once serialised.
+            self._body, body = body, None
+            response, sent = await self._attempts(plan, clients, router, path, raw)
         except RelayError as e:
             self.error = e.message
             return relay._error(request, e, self.id)
@@ -686,7 +689,7 @@ class _RelayedRequest:
         )
         return _whole(request, answer)
 
-    async def _attempts(self, plan, clients, router, path: str, raw: bytes | None, body: dict | None):
+    async def _attempts(self, plan, clients, router, path: str, raw: bytes | None):
         """
         Make the plan's attempts, one at a time, until one's outcome goes to
         the client (:func:`twisted_relay.routing.judge`): an answer, or a
@@ -697,8 +700,7 @@ class _RelayedRequest:
         attempt = plan.first()
         while True:
             self.attempt = attempt
-            sent = self._prepare(attempt, router, path, raw, body)
-            body = None  # made again from the bytes should another upstream be tried
+            sent = self._prepare(attempt, router, path, raw)
             name = attempt.upstream.name
             metrics.labelled(metrics.upstream_requests, name).inc()
             try:
@@ -724,7 +726,7 @@ class _RelayedRequest:
             await self._discard(response, attempt)
             attempt = following
 
-    def _prepare(self, attempt, router, path: str, raw: bytes | None, body: dict | None) -> "_Sent":
+    def _prepare(self, attempt, router, path: str, raw: bytes | None) -> "_Sent":
         """The path, headers and body to send for one attempt: its model, its key, its upstream's id rules."""
         relay, request = self.relay, self.request
         headers = upstream_request_headers(
@@ -734,6 +736,9 @@ class _RelayedRequest:
             if self.model_id is not None and attempt.model is not None and attempt.model != self.model_id:
                 path = _renamed_model_path(path, attempt.model)
             return _Sent(path, headers, None, None)
+        # The parsed body for the first attempt; made again from the bytes
+        # should another upstream be tried.
+        body, self._body = self._body, None
         if body is None:
             body = ujson.loads(raw)
         renamed = attempt.model is not None and body.get("model") != attempt.model
@@ -855,6 +860,9 @@ class _RelayedRequest:
         relay, request, route = self.relay, self.request, self.route
         config, clock, metrics = relay._config, relay._reactor, relay.metrics
         first_byte = [True]
+        # An upstream error event (overloaded, api_error) inside the stream:
+        # the upstream's breaker hears of it when the stream ends.
+        failed_inside = [None]
 
         def write(data: bytes) -> None:
             if first_byte[0] and data:
@@ -866,6 +874,8 @@ class _RelayedRequest:
             error = payload.get("error") if isinstance(payload, dict) else None
             if isinstance(error, dict) and error.get("type") in _CLIENT_ERROR_TYPES:
                 relay._dump(exchange, response, None, stream_error=payload)
+            else:
+                failed_inside[0] = "stream_error"
 
         gate = SSEGate(
             write,
@@ -900,7 +910,7 @@ class _RelayedRequest:
             )
             request.write(e.sse_event())
         else:
-            self._settle()
+            self._settle(failed_inside[0])
         finally:
             metrics.active_streams.dec()
             request.unregisterProducer()

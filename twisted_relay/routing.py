@@ -305,7 +305,9 @@ class Plan:
         self.route = route
         self.tried: list[Tried] = []
         self._router = router
-        self._facts = facts
+        # The model only: the facts hold the parsed body, which a request
+        # waiting on the upstream must not keep.
+        self._model = facts.model
         self._targets = list(route.targets)
         self._keys: list[int] = []
         self._target = None
@@ -429,7 +431,7 @@ class Plan:
         upstream = self._router.settings[self._target.upstream]
         attempt = Attempt(
             upstream=upstream,
-            model=self._target.model or self._facts.model,
+            model=self._target.model or self._model,
             key_index=key_index,
             key=None if key_index is None else upstream.keys[key_index],
             resting=resting,

@@ -399,9 +399,8 @@ class Relay:
         if self.dumps is not None:
             self.dumps.add_secrets(result.config.secrets())
         for client in unused:
-            # Its idle connections close now; requests in flight on it finish
-            # where they are, and their connections close once idle.
-            client.close()
+            # Requests in flight on it finish where they are.
+            client.retire()
         if self._workers is not None:
             self._workers.reload(result.config)
         _log.info(

@@ -610,6 +610,14 @@ class UpstreamClient:
         """Close the pooled connections; fires when they are closed."""
         return self._pool.closeCachedConnections()
 
+    def retire(self) -> Deferred:
+        """
+        This client is no longer used (a reload removed or changed its
+        upstream): its idle connections close now, and those of requests in
+        flight when their answers end. Fires when the idle ones are closed.
+        """
+        return _twisted.retire_pool(self._pool)
+
 
 def _without_empty_encoding(response: IResponse) -> IResponse:
     """
