@@ -29,7 +29,7 @@ from zope.interface import implementer
 from twisted_relay.app import RelayApp
 from twisted_relay.config import RelayConfig
 from twisted_relay.site import RelaySite
-from twisted_relay.upstream import UpstreamClient, _BytesProducer
+from twisted_relay.upstream import UpstreamClient, UpstreamClients, _BytesProducer
 
 UPSTREAM_URL = "http://upstream.test"
 TOOLS = [
@@ -133,17 +133,25 @@ class InMemoryRelay:
     :ivar agent: a bare ``Agent`` to the relay (no cookies, no decoding).
     """
 
-    def __init__(self, upstream_resource, config: RelayConfig | None = None, *, dumps=None, clock=None):
+    def __init__(
+        self, upstream_resource, config: RelayConfig | None = None, *, dumps=None, clock=None, more_upstreams=None
+    ):
         self.clock = clock if clock is not None else MemoryReactorClock()
         self.config = config or RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None)
         self.network = MemoryNetwork(self.clock)
         self.network.listen(b"upstream.test", 80, Site(upstream_resource, reactor=self.clock))
-        self.client = UpstreamClient(
-            self.clock,
-            UPSTREAM_URL,
-            response_timeout=self.config.response_timeout,
-            endpoint_factory=self.network,
-        )
+        if more_upstreams:
+            # Each upstream of the configuration at its own host (``http://NAME.test``), one client each.
+            for host, resource in more_upstreams.items():
+                self.network.listen(host, 80, Site(resource, reactor=self.clock))
+            self.client = UpstreamClients(self.clock, self.config, endpoint_factory=self.network)
+        else:
+            self.client = UpstreamClient(
+                self.clock,
+                UPSTREAM_URL,
+                response_timeout=self.config.response_timeout,
+                endpoint_factory=self.network,
+            )
         self.app = RelayApp(self.config, self.client, reactor=self.clock, dumps=dumps)
         self.site = RelaySite(
             self.app.resource(),

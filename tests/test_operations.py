@@ -362,6 +362,14 @@ class MetricsAcrossWorkersTests(SynchronousTestCase):
             series = 'relay_requests_total{route="messages",status="200"}'
             seen = [_sample(_scrape(port), series) for _ in range(12)]
             self.assertEqual(seen, [float(n)] * 12)
+            attempts = 'relay_upstream_attempts_total{upstream="default"}'
+            self.assertEqual(_sample(_scrape(port), attempts), float(n))
+            # The breaker gauges are copied to the shared files every second.
+            breaker = 'relay_upstream_breaker_state{upstream="default"}'
+            deadline = time.monotonic() + 5
+            while _sample(_scrape(port), breaker) is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.assertEqual(_sample(_scrape(port), breaker), 0.0)
 
             (worker,) = pids - {process.pid}
             self.assertTrue(glob_one(metrics_folder, "gauge_livesum_%d.db" % (worker,)))

@@ -121,7 +121,7 @@ class RelayApp:
         self._reactor = reactor
         self._dumps = dumps
         self._router = router if router is not None else Router(config, reactor)
-        self._clients = _one_for_all(client) if isinstance(client, UpstreamClient) else client
+        self._clients = _OneForAll(client) if isinstance(client, UpstreamClient) else client
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Read when scraped: no work per request.
         self.metrics.watch_active_requests(lambda: len(self._active))
@@ -497,9 +497,6 @@ class _OneForAll:
 
     def __getitem__(self, name: str) -> UpstreamClient:
         return self._client
-
-
-_one_for_all = _OneForAll
 
 
 @dataclass(frozen=True, slots=True)
