@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 
-from twisted_relay.translation import UpstreamRules
+from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
 __all__ = [
     "DEFAULT_LISTEN",
@@ -29,6 +30,7 @@ __all__ = [
     "Target",
     "Upstream",
     "default_bodies_in_flight",
+    "id_pattern_setting",
     "rules_for",
 ]
 
@@ -58,6 +60,12 @@ class Upstream:
     :ivar threads: how message threads are carried to it, ``relay`` or
         ``upstream`` (see :attr:`RelayConfig.threads`); ``None`` takes the
         relay's.
+    :ivar id_pattern: the regular expression every tool-use id sent to it
+        must match (an id outside it goes encoded); ``"default"``:
+        Anthropic's ``^[a-zA-Z0-9_-]+$`` under ``unique``, none under
+        ``original``; ``None``: none (see ``docs/id-translation.md``).
+    :ivar own_ids: ``original`` only: the regular expression of the ids it
+        makes (only those go back as it emitted them); ``None``: every id.
     """
 
     name: str
@@ -69,6 +77,8 @@ class Upstream:
     idle_timeout: float | None = None
     max_connections: int | None = None
     threads: str | None = None
+    id_pattern: str | None = DEFAULT_ID_PATTERN
+    own_ids: str | None = None
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -138,6 +148,9 @@ class RelayConfig:
         client's credentials; ``None`` passes the client's own through.
     :ivar upstream_ids: id policy towards the upstream, ``unique`` or
         ``original`` (see ``docs/id-translation.md``).
+    :ivar upstream_id_pattern: the one upstream's ``id_pattern`` (see
+        :class:`Upstream`).
+    :ivar upstream_own_ids: the one upstream's ``own_ids``.
     :ivar connect_timeout: seconds to establish the upstream connection.
     :ivar response_timeout: seconds to wait for the upstream's response
         headers (a non-streaming answer sends them only when it is done).
@@ -225,6 +238,8 @@ class RelayConfig:
     upstream: str = DEFAULT_UPSTREAM
     upstream_key: str | None = None
     upstream_ids: str = "unique"
+    upstream_id_pattern: str | None = DEFAULT_ID_PATTERN
+    upstream_own_ids: str | None = None
     connect_timeout: float = 10.0
     response_timeout: float = 600.0
     idle_timeout: float = 300.0
@@ -274,7 +289,12 @@ class RelayConfig:
             object.__setattr__(
                 self,
                 "upstreams",
-                (Upstream(DEFAULT_UPSTREAM_NAME, self.upstream, keys, self.upstream_ids),),
+                (
+                    Upstream(
+                        DEFAULT_UPSTREAM_NAME, self.upstream, keys, self.upstream_ids,
+                        id_pattern=self.upstream_id_pattern, own_ids=self.upstream_own_ids,
+                    ),
+                ),
             )
         else:
             object.__setattr__(self, "upstreams", tuple(self.upstreams))
@@ -373,14 +393,35 @@ class RelayConfig:
         return cls(upstreams=upstreams, routes=routes, **values)
 
 
-def rules_for(upstream: Upstream, config: RelayConfig):
+def id_pattern_setting(value: str) -> str | None:
     """
-    The id-translation rules for requests sent to ``upstream``
-    (:class:`twisted_relay.translation.UpstreamRules`): its name and id
-    policy, and thinking blocks marked by upstream when the relay has more
-    than one (a conversation may then move between them).
+    An ``id-pattern`` setting as :class:`Upstream` holds it: ``none`` (no
+    pattern) is ``None``, anything else (``default`` or a regular
+    expression) as it is. Neither word is a pattern the relay could use,
+    since both refuse its encoded ids.
     """
-    return UpstreamRules(name=upstream.name, policy=upstream.ids, mark_thinking=len(config.upstreams) > 1)
+    return None if value == "none" else value
+
+
+def rules_for(upstream: Upstream, config: RelayConfig) -> UpstreamRules:
+    """
+    The :class:`~twisted_relay.translation.UpstreamRules` a request sent to
+    ``upstream`` is translated with: its name, id policy, id pattern and own
+    ids; thinking is marked with its maker when the configuration has more
+    than one upstream (a conversation may move between them).
+
+    The same settings give the same (cached) value, whose memo of accepted
+    ids is kept from request to request.
+
+    :raises ValueError: when a pattern does not compile or refuses the
+        encoded ids (the configuration checks this when it is read).
+    """
+    return _rules(upstream.name, upstream.ids, upstream.id_pattern, upstream.own_ids, len(config.upstreams) > 1)
+
+
+@lru_cache(maxsize=256)
+def _rules(name: str, policy: str, id_pattern: str | None, own_ids: str | None, mark_thinking: bool) -> UpstreamRules:
+    return UpstreamRules(name, policy, id_pattern, own_ids, mark_thinking)
 
 
 def _first(value, default):

@@ -25,7 +25,16 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from twisted_relay.config import DEFAULT_UPSTREAM_NAME, MiB, RelayConfig, Route, Target, Upstream
+from twisted_relay.config import (
+    DEFAULT_UPSTREAM_NAME,
+    MiB,
+    RelayConfig,
+    Route,
+    Target,
+    Upstream,
+    id_pattern_setting,
+)
+from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
 __all__ = [
     "ConfigFileError",
@@ -42,7 +51,9 @@ OptionKinds = Mapping[str, str]
 
 #: The options that describe the one upstream of a relay without
 #: ``[upstreams]``; the file may not give them beside ``[upstreams]``.
-ONE_UPSTREAM_OPTIONS = ("upstream", "upstream-key", "upstream-ids", "simulate")
+ONE_UPSTREAM_OPTIONS = (
+    "upstream", "upstream-key", "upstream-ids", "upstream-id-pattern", "upstream-own-ids", "simulate",
+)
 
 #: The settings a reload changes; the others keep their running values
 #: until the relay is started again.
@@ -50,6 +61,8 @@ RELOADED_SETTINGS = (
     "upstream",
     "upstream_key",
     "upstream_ids",
+    "upstream_id_pattern",
+    "upstream_own_ids",
     "upstreams",
     "routes",
     "breaker_failures",
@@ -69,6 +82,8 @@ _UPSTREAM_KEYS = (
     "idle-timeout",
     "max-connections",
     "threads",
+    "id-pattern",
+    "own-ids",
 )
 _THREAD_MODES = ("relay", "upstream")
 _ROUTE_KEYS = ("models", "targets", "thinking", "images", "body-over")
@@ -241,17 +256,21 @@ def _upstream_tables(path, tables, environ, folder) -> tuple[Upstream, ...]:
         where.only(table, _UPSTREAM_KEYS)
         if "url" not in table:
             raise where.error("url", "missing: every upstream needs its base URL")
+        ids = _policy(where, table.get("ids", "unique"))
+        id_pattern, own_ids = _id_rules(where, name, ids, table)
         upstreams.append(
             Upstream(
                 name=name,
                 url=_url(where, table["url"]),
                 keys=_keys(where, table.get("keys"), environ, folder),
-                ids=_policy(where, table.get("ids", "unique")),
+                ids=ids,
                 connect_timeout=_seconds(where, "connect-timeout", table.get("connect-timeout")),
                 response_timeout=_seconds(where, "response-timeout", table.get("response-timeout")),
                 idle_timeout=_seconds(where, "idle-timeout", table.get("idle-timeout")),
                 max_connections=_count(where, "max-connections", table.get("max-connections")),
                 threads=_threads(where, table.get("threads")),
+                id_pattern=id_pattern,
+                own_ids=own_ids,
             )
         )
     return tuple(upstreams)
@@ -332,6 +351,33 @@ def _threads(where: _Table, value) -> str | None:
     if value is not None and value not in _THREAD_MODES:
         raise where.error("threads", "must be relay or upstream")
     return value
+
+
+def _id_rules(where: _Table, name: str, policy: str, table: dict) -> tuple[str | None, str | None]:
+    """``id-pattern`` and ``own-ids``, checked as the request path will use them."""
+    id_pattern = table.get("id-pattern", DEFAULT_ID_PATTERN)
+    if not isinstance(id_pattern, str) or not id_pattern:
+        raise where.error("id-pattern", 'must be a regular expression, "default" or "none"')
+    id_pattern = id_pattern_setting(id_pattern)
+    own_ids = table.get("own-ids")
+    if own_ids is not None:
+        if not isinstance(own_ids, str) or not own_ids:
+            raise where.error("own-ids", "must be a regular expression")
+        if policy != "original":
+            raise where.error("own-ids", 'applies to ids = "original" only (this upstream is "unique")')
+    try:
+        UpstreamRules(name, policy, id_pattern, None)
+    except ValueError as e:
+        raise where.error("id-pattern", _one_line(e))
+    try:
+        UpstreamRules(name, policy, None, own_ids)
+    except ValueError as e:
+        raise where.error("own-ids", _one_line(e))
+    return id_pattern, own_ids
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
 
 
 def _seconds(where: _Table, key: str, value) -> float | None:
@@ -491,7 +537,8 @@ def reload_config(current: RelayConfig, *, worker: bool = False) -> ReloadResult
     if fresh.simulate is not None:
         # The embedded simulated upstream (whose address a worker has in
         # place of the command line's) stays the one upstream.
-        for name in ("upstream", "upstream_key", "upstream_ids", "upstreams"):
+        for name in ("upstream", "upstream_key", "upstream_ids", "upstream_id_pattern", "upstream_own_ids",
+                     "upstreams"):
             del changes[name]
     needs_restart = tuple(
         f.name

@@ -14,9 +14,17 @@ from urllib.parse import urlsplit
 
 from twisted.python import usage
 
-from twisted_relay.config import DEFAULT_LISTEN, DEFAULT_UPSTREAM, MiB, RelayConfig, default_bodies_in_flight
+from twisted_relay.config import (
+    DEFAULT_LISTEN,
+    DEFAULT_UPSTREAM,
+    DEFAULT_UPSTREAM_NAME,
+    MiB,
+    RelayConfig,
+    default_bodies_in_flight,
+    id_pattern_setting,
+)
 from twisted_relay.configfile import ConfigFileError, FileSettings, load
-from twisted_relay.translation import POLICIES
+from twisted_relay.translation import POLICIES, UpstreamRules
 
 __all__ = ["Options", "makeService"]
 
@@ -105,6 +113,20 @@ class Options(usage.Options):
             "Also read from $TWISTED_RELAY_UPSTREAM_KEY.",
         ],
         ["upstream-ids", None, "unique", "Id policy towards the upstream: unique or original."],
+        [
+            "upstream-id-pattern",
+            None,
+            "default",
+            "Regular expression every tool-use id sent upstream must match; others go encoded. "
+            "default: ^[a-zA-Z0-9_-]+$ under --upstream-ids unique, none under original; none: no pattern.",
+        ],
+        [
+            "upstream-own-ids",
+            None,
+            None,
+            "With --upstream-ids original: regular expression of the ids the upstream makes "
+            "(only those go back as it emitted them). Default: every id.",
+        ],
         ["connect-timeout", None, "10", "Seconds to connect to the upstream."],
         ["response-timeout", None, "600", "Seconds to wait for the upstream's response headers."],
         ["idle-timeout", None, "300", "Seconds of upstream silence inside a stream before giving up."],
@@ -282,7 +304,7 @@ class Options(usage.Options):
                 # The command line wins: one upstream for every model.
                 settings = FileSettings(settings.path, settings.relay)
             else:
-                for name in ("upstream-key", "upstream-ids"):
+                for name in ("upstream-key", "upstream-ids", "upstream-id-pattern", "upstream-own-ids"):
                     if name in self._given:
                         raise usage.UsageError(
                             "--%s describes the one upstream of --upstream; %s has [upstreams] tables, "
@@ -352,6 +374,7 @@ class Options(usage.Options):
                 "--upstream-ids must be one of %s, not %r."
                 % (", ".join(POLICIES), self["upstream-ids"])
             )
+        upstream_id_pattern, upstream_own_ids = self._id_rules()
         simulate = self["simulate"]
         if simulate is not None and simulate not in _SIMULATED_MODES:
             raise usage.UsageError(
@@ -416,6 +439,8 @@ class Options(usage.Options):
             upstream=upstream,
             upstream_key=upstream_key,
             upstream_ids=self["upstream-ids"],
+            upstream_id_pattern=upstream_id_pattern,
+            upstream_own_ids=upstream_own_ids,
             connect_timeout=_positive("connect-timeout", self["connect-timeout"]),
             response_timeout=_positive("response-timeout", self["response-timeout"]),
             idle_timeout=_positive("idle-timeout", self["idle-timeout"]),
@@ -454,6 +479,19 @@ class Options(usage.Options):
                 "threads": self["simulate-threads"],
             },
         )
+
+    def _id_rules(self) -> tuple[str | None, str | None]:
+        """``--upstream-id-pattern`` and ``--upstream-own-ids``, checked as requests will use them."""
+        id_pattern = id_pattern_setting(self["upstream-id-pattern"])
+        own_ids = self["upstream-own-ids"] or None
+        if own_ids is not None and self["upstream-ids"] != "original":
+            raise usage.UsageError("--upstream-own-ids applies to --upstream-ids original only.")
+        for name, rules in (("upstream-id-pattern", (id_pattern, None)), ("upstream-own-ids", (None, own_ids))):
+            try:
+                UpstreamRules(DEFAULT_UPSTREAM_NAME, self["upstream-ids"], *rules)
+            except ValueError as e:
+                raise usage.UsageError("--%s: %s" % (name, " ".join(str(e).split())))
+        return id_pattern, own_ids
 
 
 def _given_options(argv: tuple[str, ...], short: str, long: list[str], synonyms: dict[str, str]) -> set[str]:
