@@ -122,6 +122,22 @@ class Route:
     body_over: int | None = None
 
 
+def parse_size(text: str) -> int:
+    """
+    A byte size as people write it: ``1048576``, ``512K``, ``32M``, ``1G``
+    (``MB``, ``MiB`` alike: powers of 1024).
+
+    :raises ValueError: for anything else.
+    """
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    for suffix, factor in (("K", 1024), ("M", MiB), ("G", 1024 * MiB)):
+        if text.endswith(suffix):
+            text, scale = text[:-1], factor
+            break
+    return int(float(text) * scale)
+
+
 def default_bodies_in_flight() -> int:
     """
     The default limit of request-body bytes in flight: a 64th of the

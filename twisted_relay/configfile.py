@@ -27,12 +27,12 @@ except ModuleNotFoundError:  # Python 3.10
 
 from twisted_relay.config import (
     DEFAULT_UPSTREAM_NAME,
-    MiB,
     RelayConfig,
     Route,
     Target,
     Upstream,
     id_pattern_setting,
+    parse_size,
 )
 from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
@@ -403,14 +403,8 @@ def _size(where: _Table, key: str, value) -> int:
     if isinstance(value, int):
         number = value
     else:
-        text = value.strip().upper().removesuffix("B").removesuffix("I")
-        scale = 1
-        for suffix, factor in (("K", 1024), ("M", MiB), ("G", 1024 * MiB)):
-            if text.endswith(suffix):
-                text, scale = text[:-1], factor
-                break
         try:
-            number = int(float(text) * scale)
+            number = parse_size(value)
         except ValueError:
             raise where.error(key, 'must be a size: bytes, or a string such as "100K"')
     if number < 0:

@@ -18,10 +18,10 @@ from twisted_relay.config import (
     DEFAULT_LISTEN,
     DEFAULT_UPSTREAM,
     DEFAULT_UPSTREAM_NAME,
-    MiB,
     RelayConfig,
     default_bodies_in_flight,
     id_pattern_setting,
+    parse_size,
 )
 from twisted_relay.configfile import ConfigFileError, FileSettings, load
 from twisted_relay.translation import POLICIES, UpstreamRules
@@ -77,14 +77,8 @@ def _bodies_in_flight(value: str | None) -> int:
 
 def _size(name: str, value: str) -> int:
     """Parse a byte size: ``1048576``, ``512K``, ``32M``, ``1G``."""
-    text = value.strip().upper().removesuffix("B").removesuffix("I")
-    scale = 1
-    for suffix, factor in (("K", 1024), ("M", MiB), ("G", 1024 * MiB)):
-        if text.endswith(suffix):
-            text, scale = text[:-1], factor
-            break
     try:
-        number = int(float(text) * scale)
+        number = parse_size(value)
     except ValueError:
         raise usage.UsageError("--%s must be a size such as 32M, not %r." % (name, value))
     if number <= 0:
@@ -269,7 +263,6 @@ class Options(usage.Options):
     def opt_version(self) -> None:
         """Display the relay's version and Twisted's, and exit."""
         from twisted import copyright
-
         from twisted_relay._version import __version__
 
         print("twisted-relay version:", __version__)
