@@ -148,7 +148,7 @@ class RoutedCrossingSDKTests(SDKTestMixin, TestCase):
                 Route(targets=(Target("strict"),), models=("claude-*",)),
             ),
         )
-        relay = Relay(config, reactor)
+        relay = self.relay = Relay(config, reactor)
         relay.service.startService()
         self.addCleanup(relay.service.stopService)
         port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
@@ -230,6 +230,8 @@ class RoutedCrossingSDKTests(SDKTestMixin, TestCase):
         self.assertIn("400", failure)
         self.assertIn("String should match pattern", failure)
         self.assertEqual(outcome["completed"], STAY, "the first turn routed to the strict upstream fails")
+        # Dumps are written in the writer's thread: wait for the ones queued.
+        await self.relay.dumps.drain()
         dumps = [child for child in self.dumps.walk() if child.isfile() and child.path.endswith(".json")]
         self.assertEqual(len(dumps), 1, "the one 400 was not dumped once")
         dump = json.loads(dumps[0].getContent())
