@@ -59,24 +59,24 @@ def run_session(base_url: str, turns: int, stream: bool) -> dict:
             except anthropic.APIStatusError as e:
                 failures.append("turn %d: %d %s" % (turn, e.status_code, e.response.text))
                 break
-            content = [block.model_dump(exclude_none=True) for block in message.content]
-            uses = [block for block in content if block["type"] == "tool_use"]
-            seen_ids.extend(block["id"] for block in uses)
-            messages.append({"role": "assistant", "content": content})
-            messages.append(
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "tool_result", "tool_use_id": block["id"], "content": "sunny, 21 C"}
-                        for block in uses
-                    ]
-                    or "Go on.",
-                }
-            )
+            seen_ids.extend(feed_back(messages, message))
             completed += 1
     finally:
         client.close()
     return {"completed": completed, "ids": seen_ids, "failures": failures}
+
+
+def feed_back(messages: list, message) -> list[str]:
+    """
+    Append an answer and the next user turn to ``messages``, as a client
+    does (a result for every tool call, else "Go on."); the tool-use ids.
+    """
+    content = [block.model_dump(exclude_none=True) for block in message.content]
+    uses = [block for block in content if block["type"] == "tool_use"]
+    messages.append({"role": "assistant", "content": content})
+    results = [{"type": "tool_result", "tool_use_id": block["id"], "content": "sunny, 21 C"} for block in uses]
+    messages.append({"role": "user", "content": results or "Go on."})
+    return [block["id"] for block in uses]
 
 
 class SDKTestMixin:

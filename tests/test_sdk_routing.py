@@ -19,7 +19,7 @@ from twisted_relay.service import Relay, RelaySite
 from twisted_relay.simulated import SimulatedUpstream
 
 from tests.helpers import TOOLS
-from tests.test_sdk import sdk_client
+from tests.test_sdk import feed_back, sdk_client
 
 try:
     import anthropic
@@ -110,20 +110,7 @@ def run_routed_session(base_url: str, strict: StoppableUpstream) -> dict:
             except anthropic.APIError as e:
                 failures.append("turn %d: %s" % (turn, e))
                 continue
-            content = [block.model_dump(exclude_none=True) for block in message.content]
-            uses = [block for block in content if block["type"] == "tool_use"]
-            seen_ids.extend(block["id"] for block in uses)
-            messages.append({"role": "assistant", "content": content})
-            messages.append(
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "tool_result", "tool_use_id": block["id"], "content": "sunny, 21 C"}
-                        for block in uses
-                    ]
-                    or "Go on.",
-                }
-            )
+            seen_ids.extend(feed_back(messages, message))
     finally:
         client.close()
     return {"ids": seen_ids, "served": served, "failures": failures}
