@@ -5,7 +5,7 @@ Tests for the header rules between client, relay and upstream.
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
-from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
@@ -522,3 +522,59 @@ class UnreachableInMemoryTests(SynchronousTestCase):
         error = ujson.loads(self.successResultOf(d))["error"]
         self.assertEqual(error["type"], "api_error")
         self.assertIn("Could not connect to the upstream at " + UPSTREAM_URL, error["message"])
+
+
+class _PlainStream(Resource):
+    """An upstream that streams SSE events, chunked, and ends."""
+
+    isLeaf = True
+
+    def __init__(self, events):
+        super().__init__()
+        self.events = events
+
+    def render(self, request):
+        request.setHeader(b"content-type", b"text/event-stream")
+        for event in self.events:
+            request.write(event)
+        request.finish()
+        return NOT_DONE_YET
+
+
+class NoCycleTests(SynchronousTestCase):
+    """
+    A finished upstream answer is freed by reference counting: under load,
+    what waits for the garbage collector's full collection makes each one
+    longer (a pause of every stream), so none of the upstream client's
+    objects may be left in a reference cycle.
+    """
+
+    def test_finished_stream_leaves_no_upstream_cycle(self):
+        import gc
+
+        from tests.helpers import InMemoryRelay, messages_body
+        from twisted_relay._twisted import active
+        from twisted_relay.chunked import CoalescingChunkedDecoder
+
+        if not active().coalescing_decoder:
+            raise SkipTest("the coalescing decoder is off on this Twisted")
+        events = [
+            b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+            b'"role":"assistant","content":[],"model":"m","usage":{"input_tokens":1,"output_tokens":0}}}\n\n',
+            b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+        ]
+        relay = InMemoryRelay(_PlainStream(events))
+        gc.collect()
+        self.addCleanup(gc.set_debug, gc.get_debug())
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        self.addCleanup(gc.garbage.clear)
+        d = relay.raw_post("/v1/messages", messages_body(stream=True))
+        relay.flush()
+        collector = _Collect()
+        self.successResultOf(d).deliverBody(collector)
+        relay.flush()
+        self.assertEqual(b"".join(collector.calls), b"".join(events))
+        del d, collector
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if isinstance(o, CoalescingChunkedDecoder)]
+        self.assertEqual(left, [])

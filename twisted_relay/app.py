@@ -1043,6 +1043,8 @@ def _path_escapes(uri: bytes) -> bool:
     upstream key, outside the upstream's base path.
     """
     path = uri.partition(b"?")[0].partition(b"#")[0]
+    if b"." not in path and b"%" not in path and b"\\" not in path:
+        return False
     for segment in path.split(b"/"):
         for _ in range(_DECODING_ROUNDS + 1):
             if segment in (b".", b"..") or b"\\" in segment:

@@ -73,7 +73,13 @@ class CoalescingChunkedDecoder:
             # Data before a malformation is passed on before the error, as in Twisted.
             self._deliver(out)
         if rest is not None:
-            self.finishCallback(rest)
+            # The callbacks are bound to the parser and the response, which
+            # hold this decoder: dropped, the parser, its response and this
+            # decoder are freed when the connection lets go of them, not at
+            # the garbage collector's next full collection.
+            finish = self.finishCallback
+            self.dataCallback = self.finishCallback = None
+            finish(rest)
 
     def _decode(self, data: bytes, out: list) -> bytes | None:
         """

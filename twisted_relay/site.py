@@ -170,6 +170,16 @@ class _RelayChannel(HTTPChannel):
             host = self._host = super().getHost()
         return host
 
+    _secure = None
+
+    def isSecure(self):
+        # Klein asks twice on every request, each an interface adaptation
+        # of the transport; whether a connection is TLS never changes.
+        secure = self._secure
+        if secure is None:
+            secure = self._secure = super().isSecure()
+        return secure
+
     def _start_read_deadline(self) -> None:
         timeout = getattr(self.site, "request_read_timeout", None)
         if timeout and self._read_deadline is None and not self._answering:

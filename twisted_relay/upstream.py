@@ -506,9 +506,10 @@ class UpstreamClient:
         self._pool.cachedConnectionTimeout = 50
         if endpoint_factory is None:
             endpoint_factory = UpstreamEndpoints(reactor, connect_timeout)
+        self._no_cookies = _NoCookies()
         self._http = HTTPClient(
             _PooledAgent(reactor, self._pool, endpoint_factory),
-            cookiejar=_NoCookies(),
+            cookiejar=self._no_cookies,
             data_to_body_producer=_BytesProducer,
         )
 
@@ -578,6 +579,8 @@ class UpstreamClient:
                 data=body,
                 allow_redirects=False,
                 unbuffered=True,
+                # A jar, not None: treq makes a new empty jar for None on every request.
+                cookies=self._no_cookies,
             )
         except Exception:
             d = fail()
