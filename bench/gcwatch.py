@@ -1,0 +1,98 @@
+"""
+Run ``twistd`` with the garbage collector watched: how many collections of
+each generation, how long they took, and how many objects they freed; with
+``--garbage``, which types the cyclic garbage is made of.
+
+Counts start at ``SIGUSR2`` (after a warm-up) and are written to ``OUT`` at
+``SIGUSR1`` and at exit. Usage, from the work tree's root::
+
+    python bench/gcwatch.py OUT -- -n relay --listen tcp:8080:interface=127.0.0.1 ...
+    kill -USR2 PID; (load); kill -USR1 PID
+
+Freed objects are garbage only the collector could free (reference cycles):
+an object freed by reference counting is never counted. ``--garbage`` keeps
+that garbage to name its types (``gc.DEBUG_SAVEALL``), which changes the
+timings: read one run for the timings, another for the types. It is not a test
+and CI does not run it (``docs/benchmarks.md``, "Where issue 13's cost went").
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import signal
+import sys
+import time
+
+__all__ = ["GarbageWatch", "main"]
+
+
+class GarbageWatch:
+    """Collections, time and objects freed, per generation; and with ``types``, the garbage's types."""
+
+    def __init__(self, out: str, *, types: bool = False):
+        self.out = out
+        self.types = types
+        self.reset()
+        gc.callbacks.append(self._callback)
+
+    def reset(self, *args) -> None:
+        """Start counting afresh."""
+        self.counts = {generation: [0, 0.0, 0] for generation in (0, 1, 2)}
+        self._began = 0.0
+        if self.types:
+            gc.collect()
+            gc.garbage.clear()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        counts = self.counts[info["generation"]]
+        counts[0] += 1
+        counts[1] += time.perf_counter() - self._began
+        counts[2] += info.get("collected", 0)
+
+    def write(self, *args) -> None:
+        """Write the counts (and the garbage's types) to ``out``."""
+        lines = [
+            "gen%d: %d collections, %.3f s, %d objects freed" % (generation, n, seconds, freed)
+            for generation, (n, seconds, freed) in self.counts.items()
+        ]
+        if self.types:
+            gc.collect()
+            kinds = collections.Counter(_kind(o) for o in gc.garbage)
+            gc.garbage.clear()
+            lines.append("cyclic garbage by type (every object the collector freed since the start):")
+            lines.extend("%9d %s" % (n, kind) for kind, n in kinds.most_common(40))
+        with open(self.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+def _kind(o) -> str:
+    kind = "%s.%s" % (type(o).__module__, type(o).__qualname__)
+    name = getattr(o, "__qualname__", None)
+    if isinstance(name, str) and type(o).__name__ in ("function", "coroutine"):
+        kind += ":" + name
+    return kind
+
+
+def main(argv: list[str]) -> None:
+    """``gcwatch.py [--garbage] OUT -- TWISTD-ARGS...``"""
+    types = "--garbage" in argv[: argv.index("--")]
+    out = [a for a in argv[: argv.index("--")] if a != "--garbage"][0]
+    watch = GarbageWatch(out, types=types)
+    signal.signal(signal.SIGUSR2, watch.reset)
+    signal.signal(signal.SIGUSR1, watch.write)
+    from twisted.scripts.twistd import run
+
+    sys.argv = ["twistd"] + argv[argv.index("--") + 1 :]
+    try:
+        run()
+    finally:
+        watch.write()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
