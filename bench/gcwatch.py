@@ -4,7 +4,7 @@ each generation, how long they took, and how many objects they freed; with
 ``--garbage``, which types the cyclic garbage is made of.
 
 Counts start at ``SIGUSR2`` (after a warm-up) and are written to ``OUT`` at
-``SIGUSR1`` and at exit. Usage, from the work tree's root::
+``SIGUSR1`` and when the reactor stops. Usage, from the work tree's root::
 
     python bench/gcwatch.py OUT -- -n relay --listen tcp:8080:interface=127.0.0.1 ...
     kill -USR2 PID; (load); kill -USR1 PID
@@ -85,13 +85,15 @@ def main(argv: list[str]) -> None:
     watch = GarbageWatch(out, types=types)
     signal.signal(signal.SIGUSR2, watch.reset)
     signal.signal(signal.SIGUSR1, watch.write)
+    # Written when the reactor has stopped: twistd then ends itself with the
+    # signal that stopped it, and nothing at exit would run. (This installs
+    # the default reactor, the one twistd would install.)
+    from twisted.internet import reactor
     from twisted.scripts.twistd import run
 
+    reactor.addSystemEventTrigger("after", "shutdown", watch.write)
     sys.argv = ["twistd"] + argv[argv.index("--") + 1 :]
-    try:
-        run()
-    finally:
-        watch.write()
+    run()
 
 
 if __name__ == "__main__":

@@ -314,6 +314,13 @@ class Relay(Target):
             "-n",
             "-l", os.path.join(self.workdir, self.name + "-twistd.log"),
             "--pidfile", os.path.join(self.workdir, self.name + ".pid"),
+        ]
+        if self.profile:
+            # twistd's own profiler: it writes when the reactor stops (a
+            # `python -m cProfile` around twistd never writes, since twistd
+            # ends itself with the signal that stopped it).
+            argv += ["--profile", self.profile, "--profiler", "cprofile", "--savestats"]
+        argv += [
             "relay",
             "--listen", "tcp:%d:interface=127.0.0.1:backlog=4096" % (self.port,),
             "--upstream", "http://127.0.0.1:%d" % (self.upstream.port,),
@@ -321,8 +328,6 @@ class Relay(Target):
             "--ping-interval", "0",
             "--workers", str(self.workers),
         ]
-        if self.profile:
-            argv = [sys.executable, "-m", "cProfile", "-o", self.profile] + argv
         pythonpath = self.tree + os.pathsep + os.environ.get("PYTHONPATH", "")
         self._spawn(argv, env={"PYTHONPATH": pythonpath}, cwd=self.tree)
 
