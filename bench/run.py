@@ -5,7 +5,7 @@ figures, their ratios, and the relay's targets met or not.
 
 Scenarios (see ``docs/benchmarks.md``):
 
-- S1: paced streams (50 deltas, 20 ms apart) at 200 and 1,000 concurrent
+- S1: paced streams (50 deltas, 20 ms apart; `--s1-events`) at 200 and 1,000 concurrent
   streams: latency added per event over direct, and the target's CPU per
   event; then the largest count held with zero errors, searched upwards.
 - S2: unpaced streams (32 at once of 2,000 deltas), read by curl (C, so that
@@ -920,12 +920,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="run the relay under cProfile (relay.prof in the work folder)")
     parser.add_argument("--s1-counts", default=None, help="paced stream counts, e.g. 200,1000")
     parser.add_argument("--s1-search", default=None, help="counts tried in the search, e.g. 2000,3000 (empty: none)")
+    parser.add_argument("--s1-events", type=int, default=None,
+                        help="deltas per paced stream (default 50, a one-second stream at 20 ms apart)")
     parser.add_argument("--json", default=None, help="also write every figure to this file")
     parser.add_argument("--workdir", default=None, help="keep logs and configs here (default: a temp folder)")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else Settings()
     if args.s1_counts:
         settings = replace(settings, s1_counts=tuple(int(n) for n in args.s1_counts.split(",")))
+    if args.s1_events:
+        settings = replace(settings, s1_events=args.s1_events)
     if args.s1_search is not None:
         settings = replace(settings, s1_search=tuple(int(n) for n in args.s1_search.split(",") if n))
     names = [n for n in args.targets.split(",") if n]
