@@ -4,10 +4,14 @@ each generation, how long they took, and how many objects they freed; with
 ``--garbage``, which types the cyclic garbage is made of.
 
 Counts start at ``SIGUSR2`` (after a warm-up) and are written to ``OUT`` at
-``SIGUSR1`` and when the reactor stops. Usage, from the work tree's root::
+``SIGUSR1``, or when the reactor stops if ``SIGUSR1`` never came. Usage::
 
-    python bench/gcwatch.py OUT -- -n relay --listen tcp:8080:interface=127.0.0.1 ...
+    PYTHONPATH=TREE python bench/gcwatch.py OUT -- -n relay --listen tcp:8080:interface=127.0.0.1 ...
     kill -USR2 PID; (load); kill -USR1 PID
+
+``PYTHONPATH`` names the tree whose ``twisted_relay`` runs (as
+``bench/targets.py`` sets it): without it, the installed one does, whatever
+the current folder.
 
 Freed objects are garbage only the collector could free (reference cycles):
 an object freed by reference counting is never counted. ``--garbage`` keeps
@@ -38,12 +42,13 @@ class GarbageWatch:
 
     def reset(self, *args) -> None:
         """Start counting afresh."""
-        self.counts = {generation: [0, 0.0, 0] for generation in (0, 1, 2)}
-        self._began = 0.0
         if self.types:
             gc.collect()
             gc.garbage.clear()
             gc.set_debug(gc.DEBUG_SAVEALL)
+        self.counts = {generation: [0, 0.0, 0] for generation in (0, 1, 2)}
+        self._began = 0.0
+        self.written = False
 
     def _callback(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -68,6 +73,12 @@ class GarbageWatch:
             lines.extend("%9d %s" % (n, kind) for kind, n in kinds.most_common(40))
         with open(self.out, "w") as f:
             f.write("\n".join(lines) + "\n")
+        self.written = True
+
+    def write_unless_written(self) -> None:
+        """Write, unless ``SIGUSR1`` already has (its counts end where the load did)."""
+        if not self.written:
+            self.write()
 
 
 def _kind(o) -> str:
@@ -91,7 +102,7 @@ def main(argv: list[str]) -> None:
     from twisted.internet import reactor
     from twisted.scripts.twistd import run
 
-    reactor.addSystemEventTrigger("after", "shutdown", watch.write)
+    reactor.addSystemEventTrigger("after", "shutdown", watch.write_unless_written)
     sys.argv = ["twistd"] + argv[argv.index("--") + 1 :]
     run()
 

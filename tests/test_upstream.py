@@ -545,8 +545,8 @@ class NoCycleTests(SynchronousTestCase):
     """
     A finished upstream answer is freed by reference counting: under load,
     what waits for the garbage collector's full collection makes each one
-    longer (a pause of every stream), so none of the upstream client's
-    objects may be left in a reference cycle.
+    longer (a pause of every stream). The relay's own chunked decoder, which
+    holds the client parser's callbacks, must not keep it in a cycle.
     """
 
     def test_finished_stream_leaves_no_upstream_cycle(self):
@@ -567,7 +567,8 @@ class NoCycleTests(SynchronousTestCase):
         gc.collect()
         self.addCleanup(gc.set_debug, gc.get_debug())
         gc.set_debug(gc.DEBUG_SAVEALL)
-        self.addCleanup(gc.garbage.clear)
+        already = len(gc.garbage)
+        self.addCleanup(gc.garbage.__delitem__, slice(already, None))
         d = relay.raw_post("/v1/messages", messages_body(stream=True))
         relay.flush()
         collector = _Collect()
@@ -576,5 +577,5 @@ class NoCycleTests(SynchronousTestCase):
         self.assertEqual(b"".join(collector.calls), b"".join(events))
         del d, collector
         gc.collect()
-        left = [type(o).__name__ for o in gc.garbage if isinstance(o, CoalescingChunkedDecoder)]
+        left = [type(o).__name__ for o in gc.garbage[already:] if isinstance(o, CoalescingChunkedDecoder)]
         self.assertEqual(left, [])
