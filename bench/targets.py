@@ -306,6 +306,13 @@ class Relay(Target):
             self.description = "%s --workers %d" % (Relay.description, workers)
 
     def _launch(self) -> None:
+        self._spawn_relay(
+            "--upstream", "http://127.0.0.1:%d" % (self.upstream.port,),
+            "--workers", str(self.workers),
+        )
+
+    def _spawn_relay(self, *options: str) -> None:
+        """``twistd -n relay`` from this target's tree, listening on its port, with ``options``."""
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
         if not os.path.exists(twistd):
             twistd = shutil.which("twistd") or "twistd"
@@ -323,10 +330,9 @@ class Relay(Target):
         argv += [
             "relay",
             "--listen", "tcp:%d:interface=127.0.0.1:backlog=4096" % (self.port,),
-            "--upstream", "http://127.0.0.1:%d" % (self.upstream.port,),
             "--no-dumps",
             "--ping-interval", "0",
-            "--workers", str(self.workers),
+            *options,
         ]
         pythonpath = self.tree + os.pathsep + os.environ.get("PYTHONPATH", "")
         self._spawn(argv, env={"PYTHONPATH": pythonpath}, cwd=self.tree)
@@ -369,22 +375,7 @@ class RoutedRelay(Relay):
         path = os.path.join(self.workdir, self.name + ".toml")
         with open(path, "w") as f:
             f.write(_ROUTED_CONFIG % {"port": self.upstream.port})
-        twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-        if not os.path.exists(twistd):
-            twistd = shutil.which("twistd") or "twistd"
-        argv = [
-            twistd,
-            "-n",
-            "-l", os.path.join(self.workdir, self.name + "-twistd.log"),
-            "--pidfile", os.path.join(self.workdir, self.name + ".pid"),
-            "relay",
-            "--config", path,
-            "--listen", "tcp:%d:interface=127.0.0.1:backlog=4096" % (self.port,),
-            "--no-dumps",
-            "--ping-interval", "0",
-        ]
-        pythonpath = self.tree + os.pathsep + os.environ.get("PYTHONPATH", "")
-        self._spawn(argv, env={"PYTHONPATH": pythonpath}, cwd=self.tree)
+        self._spawn_relay("--config", path)
 
 
 class PlainProxy(Target):

@@ -13,6 +13,10 @@ is mocked; time is a ``MemoryReactorClock``.
 from __future__ import annotations
 
 import itertools
+import os
+import socket
+import subprocess
+import sys
 
 import ujson
 from twisted.internet.address import IPv4Address
@@ -39,6 +43,40 @@ TOOLS = [
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
     }
 ]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def twistd(*args: str) -> list[str]:
+    """The command line of ``twistd ARGS`` with this interpreter."""
+    return [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", *args]
+
+
+def start_twistd(testcase, *args: str) -> tuple[subprocess.Popen, str]:
+    """
+    Start ``twistd ARGS`` in a new folder of ``testcase``, its output going
+    to ``relay.log`` there; the process is killed at the test's cleanup if
+    it still runs. Returns the process and the log's path.
+    """
+    folder = testcase.mktemp()
+    os.makedirs(folder)
+    log_path = os.path.join(folder, "relay.log")
+    log = open(log_path, "wb")
+    testcase.addCleanup(log.close)
+    process = subprocess.Popen(twistd(*args), cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop():
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    testcase.addCleanup(stop)
+    return process, log_path
 
 
 def messages_body(messages=None, *, stream=False, tools=True, **extra) -> dict:

@@ -10,6 +10,8 @@ import socket
 import subprocess
 import time
 
+from tests.helpers import free_port
+
 REDIS_SERVER = shutil.which("redis-server")
 
 #: Why Redis tests are skipped, or ``None`` when they can run.
@@ -18,13 +20,6 @@ SKIP_REASON = (
     if REDIS_SERVER is not None
     else "redis-server is not installed (apt-get install redis-server; .ci/run installs it)"
 )
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class RedisServer:

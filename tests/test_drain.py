@@ -22,13 +22,7 @@ from twisted_relay.config import RelayConfig
 from twisted_relay.service import Relay
 from twisted_relay.tap import Options
 
-from .helpers import encode, messages_body
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .helpers import encode, free_port, messages_body
 
 
 class _Connection:
@@ -74,7 +68,7 @@ class DrainTests(TestCase):
     timeout = 30
 
     def start(self, drain_delay: float) -> Relay:
-        self.port = _free_port()
+        self.port = free_port()
         config = RelayConfig(
             listen=("tcp:%d:interface=127.0.0.1" % (self.port,),),
             simulate="strict",
@@ -91,6 +85,23 @@ class DrainTests(TestCase):
     def call(self, f, *args):
         return deferToThread(f, *args)
 
+    async def stream_in_flight(self, relay: Relay):
+        """
+        Start a stream of about 30 events 20 ms apart on a new connection;
+        return, once the relay has it in flight, the connection and what
+        fires with its answer.
+        """
+        conn = await self.call(_Connection, self.port)
+        self.addCleanup(conn.close)
+        body = encode(messages_body(stream=True, tools=False, max_tokens=30))
+        done = self.call(conn.ask, "POST", "/v1/messages", body)
+        for _ in range(100):
+            if relay.app.in_flight:
+                break
+            await deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(relay.app.in_flight, 1)
+        return conn, done
+
     async def test_drain_visible_to_a_load_balancer(self):
         """
         On stop: ``/ready`` says 503 at once; during the delay a new
@@ -106,16 +117,8 @@ class DrainTests(TestCase):
         self.assertEqual(status, 200)
         self.assertNotEqual(headers.get("connection"), "close")
 
-        streaming = await self.call(_Connection, self.port)
-        self.addCleanup(streaming.close)
-        # About 30 events 20 ms apart: in flight when the stop begins.
-        stream_body = encode(messages_body(stream=True, tools=False, max_tokens=30))
-        stream_done = self.call(streaming.ask, "POST", "/v1/messages", stream_body)
-        for _ in range(100):
-            if relay.app.in_flight:
-                break
-            await deferLater(reactor, 0.01, lambda: None)
-        self.assertEqual(relay.app.in_flight, 1)
+        # In flight when the stop begins.
+        streaming, stream_done = await self.stream_in_flight(relay)
 
         started = time.monotonic()
         stopped = relay.service.stopService()
@@ -158,15 +161,7 @@ class DrainTests(TestCase):
         stream in flight goes on to its end.
         """
         relay = self.start(drain_delay=0)
-        conn = await self.call(_Connection, self.port)
-        self.addCleanup(conn.close)
-        stream_body = encode(messages_body(stream=True, tools=False, max_tokens=30))
-        stream_done = self.call(conn.ask, "POST", "/v1/messages", stream_body)
-        for _ in range(100):
-            if relay.app.in_flight:
-                break
-            await deferLater(reactor, 0.01, lambda: None)
-        self.assertEqual(relay.app.in_flight, 1)
+        _, stream_done = await self.stream_in_flight(relay)
         stopped = relay.service.stopService()
         await deferLater(reactor, 0.05, lambda: None)
         self.assertTrue(await self.call(_refused, self.port))

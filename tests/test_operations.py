@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -22,17 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from twisted_relay.logs import event_as_json
 
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def twistd(*args: str) -> list[str]:
-    """The command line of ``twistd ARGS`` with this interpreter."""
-    return [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", *args]
+from .helpers import free_port, twistd
 
 
 def wait_until_up(port: int, process: subprocess.Popen, seconds: float = 20.0) -> None:

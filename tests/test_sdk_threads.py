@@ -115,7 +115,7 @@ class StoreDownTests(TestCase):
         import treq
 
         from tests.helpers import messages_body
-        from tests.redis_server import free_port
+        from tests.helpers import free_port
 
         simulated = SimulatedUpstream(mode="strict", seed=1, reactor=reactor)
         port = reactor.listenTCP(0, Site(simulated.resource()), interface="127.0.0.1")

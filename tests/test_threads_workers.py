@@ -9,17 +9,15 @@ mid-session the client replays and no turn is lost.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 import urllib.request
 
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from bench.threads_today import tool_runner_session
-from tests.redis_server import SKIP_REASON, RedisServer, free_port
+from tests.helpers import free_port, start_twistd
+from tests.redis_server import SKIP_REASON, RedisServer
 
 TURNS = 200
 
@@ -36,29 +34,13 @@ class WorkersRedisThreadTests(SynchronousTestCase):
         self.port = free_port()
 
     def start_relay(self, *options: str) -> None:
-        folder = self.mktemp()
-        os.makedirs(folder)
-        log = open(os.path.join(folder, "relay.log"), "wb")
-        self.addCleanup(log.close)
-        relay = subprocess.Popen(
-            [
-                sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-                "-n", "--pidfile=", "relay", "--workers", "2", "--no-dumps",
-                "--thread-store", self.redis.url,
-                "--listen", "tcp:%d:interface=127.0.0.1" % (self.port,),
-                *options,
-            ],
-            cwd=folder,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        start_twistd(
+            self,
+            "-n", "--pidfile=", "relay", "--workers", "2", "--no-dumps",
+            "--thread-store", self.redis.url,
+            "--listen", "tcp:%d:interface=127.0.0.1" % (self.port,),
+            *options,
         )
-
-        def stop():
-            if relay.poll() is None:
-                relay.kill()
-                relay.wait()
-
-        self.addCleanup(stop)
         seen: set[int] = set()
         deadline = time.monotonic() + 30
         while len(seen) < 2 and time.monotonic() < deadline:

@@ -9,8 +9,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -24,11 +22,7 @@ from twisted_relay.config import RelayConfig
 from twisted_relay.tap import Options
 from twisted_relay.workers import config_from_json, config_to_json, listen_reuseport
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .helpers import free_port, start_twistd
 
 
 def _alive(pid: int) -> bool:
@@ -132,29 +126,13 @@ class WorkerProcessTests(SynchronousTestCase):
     """
 
     def setUp(self):
-        self.port = _free_port()
-        folder = self.mktemp()
-        os.makedirs(folder)
-        self.log_path = os.path.join(folder, "relay.log")
-        self.log = open(self.log_path, "wb")
-        self.addCleanup(self.log.close)
-        self.relay = subprocess.Popen(
-            [
-                sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-                "-n", "--pidfile=", "relay",
-                "--simulate", "strict", "--workers", "2", "--no-dumps",
-                "--listen", "tcp:%d:interface=127.0.0.1" % (self.port,),
-            ],
-            cwd=folder,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
+        self.port = free_port()
+        self.relay, self.log_path = start_twistd(
+            self,
+            "-n", "--pidfile=", "relay",
+            "--simulate", "strict", "--workers", "2", "--no-dumps",
+            "--listen", "tcp:%d:interface=127.0.0.1" % (self.port,),
         )
-        self.addCleanup(self._stop)
-
-    def _stop(self):
-        if self.relay.poll() is None:
-            self.relay.kill()
-            self.relay.wait()
 
     def _health(self) -> dict:
         with urllib.request.urlopen("http://127.0.0.1:%d/health" % (self.port,), timeout=5) as response:
@@ -254,32 +232,15 @@ class WorkerReloadTests(SynchronousTestCase):
         (told by SIGHUP); an invalid one is refused with one log line, and no
         worker is disturbed.
         """
-        port = _free_port()
-        folder = self.mktemp()
-        os.makedirs(folder)
-        config_path = os.path.abspath(os.path.join(folder, "relay.toml"))
+        port = free_port()
+        config_path = os.path.abspath(self.mktemp() + ".toml")
         with open(config_path, "w") as f:
             f.write(_RELOAD_CONFIG.replace("MODEL", "one"))
-        log_path = os.path.join(folder, "relay.log")
-        log = open(log_path, "wb")
-        self.addCleanup(log.close)
-        relay = subprocess.Popen(
-            [
-                sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-                "-n", "--pidfile=", "relay", "--config", config_path, "--workers", "2",
-                "--listen", "tcp:%d:interface=127.0.0.1" % (port,),
-            ],
-            cwd=folder,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        relay, log_path = start_twistd(
+            self,
+            "-n", "--pidfile=", "relay", "--config", config_path, "--workers", "2",
+            "--listen", "tcp:%d:interface=127.0.0.1" % (port,),
         )
-
-        def stop():
-            if relay.poll() is None:
-                relay.kill()
-                relay.wait()
-
-        self.addCleanup(stop)
 
         def read() -> bytes:
             with open(log_path, "rb") as f:
