@@ -105,6 +105,41 @@ QUICK = Settings(
 # -- measuring one load --------------------------------------------------------
 
 
+class _Meter:
+    """
+    What the target, the fake upstream, the load (this process's children)
+    and the rest of the machine used from now until :meth:`read`; the
+    target's peak memory is counted afresh from now.
+    """
+
+    def __init__(self, target: _targets.Target, upstream):
+        self._target, self._upstream = target, upstream
+        self._pids = target.pids()
+        _targets.reset_peak(self._pids)
+        self._target_cpu = _targets.cpu_seconds(self._pids)
+        self._upstream_cpu = _targets.cpu_seconds(upstream.pids())
+        self._busy = _machine_busy_seconds()
+        self._children = _children_cpu_seconds()
+        self._began = time.monotonic()
+
+    def read(self) -> dict:
+        """CPU seconds of each since the start, the window's length, the target's peak memory."""
+        window = time.monotonic() - self._began
+        load = _children_cpu_seconds() - self._children
+        target = _targets.cpu_seconds(self._pids) - self._target_cpu
+        upstream = _targets.cpu_seconds(self._upstream.pids()) - self._upstream_cpu
+        return {
+            "window_s": window,
+            "load_cpu_s": load,
+            "target_cpu_s": target,
+            "upstream_cpu_s": upstream,
+            "target_peak_kib": _targets.peak_rss_kib(self._target.pids()),
+            # What the rest of the machine used meanwhile: on a shared
+            # machine, the noise in every figure.
+            "other_cpu_s": max(0.0, _machine_busy_seconds() - self._busy - target - upstream - load),
+        }
+
+
 def _machine_busy_seconds() -> float:
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
@@ -163,13 +198,7 @@ class Runner:
             argv += ["--body-file", body_file]
         if count_only:
             argv.append("--count-only")
-        pids = target.pids()
-        _targets.reset_peak(pids)
-        target_cpu = _targets.cpu_seconds(pids)
-        upstream_cpu = _targets.cpu_seconds(self.upstream.pids())
-        busy = _machine_busy_seconds()
-        children = _children_cpu_seconds()
-        window = time.monotonic()
+        meter = _Meter(target, self.upstream)
         bound = (duration or 0) + timeout * max(1, (requests or concurrency) // concurrency) + 60
         done = subprocess.run(
             argv,
@@ -177,23 +206,13 @@ class Runner:
             timeout=bound,
             preexec_fn=_targets._preexec(self.load_cpus),
         )
+        used = meter.read()
         lines = done.stdout.decode().strip().splitlines()
         if done.returncode != 0 or not lines:
             raise RuntimeError("the load generator failed: %s" % (done.stderr.decode()[-2000:],))
         summary = json.loads(lines[-1])
-        window = time.monotonic() - window
-        load_used = _children_cpu_seconds() - children
-        target_used = _targets.cpu_seconds(pids) - target_cpu
-        upstream_used = _targets.cpu_seconds(self.upstream.pids()) - upstream_cpu
-        summary["target_cpu_s"] = target_used
-        summary["upstream_cpu_s"] = upstream_used
-        summary["target_peak_kib"] = _targets.peak_rss_kib(target.pids())
-        # What the rest of the machine used meanwhile: on a shared machine,
-        # the noise in every figure.
-        summary["window_s"] = window
-        summary["other_cpu_s"] = max(
-            0.0, _machine_busy_seconds() - busy - target_used - upstream_used - load_used
-        )
+        del used["load_cpu_s"]
+        summary.update(used)
         return summary
 
     def throughput(self, target: _targets.Target, model: str, streams: int, rounds: int, timeout: float,
@@ -227,19 +246,11 @@ class Runner:
         for _ in range(requests):
             argv += [url, "--output", os.devnull]
         expected = _expected_bytes(model)
-        pids = target.pids()
-        _targets.reset_peak(pids)
-        target_cpu = _targets.cpu_seconds(pids)
-        upstream_cpu = _targets.cpu_seconds(self.upstream.pids())
-        busy = _machine_busy_seconds()
-        children = _children_cpu_seconds()
-        started = time.monotonic()
+        meter = _Meter(target, self.upstream)
         done = subprocess.run(argv, capture_output=True, timeout=timeout * rounds + 60,
                               preexec_fn=_targets._preexec(self.load_cpus))
-        wall = time.monotonic() - started
-        load_used = _children_cpu_seconds() - children
-        target_used = _targets.cpu_seconds(pids) - target_cpu
-        upstream_used = _targets.cpu_seconds(self.upstream.pids()) - upstream_cpu
+        used = meter.read()
+        wall = used["window_s"]
         body_bytes = 0
         errors: dict[str, int] = {}
         lines = done.stdout.decode().split()
@@ -256,21 +267,18 @@ class Runner:
         if done.returncode != 0 or missing:
             self.log("curl (exit %d): %s" % (done.returncode, done.stderr.decode(errors="replace").strip()[-300:]))
             errors["curl_exit_%d" % (done.returncode,)] = max(1, missing)
-        return {
+        summary = {
             "reader": "curl",
             "requests": requests,
             "errors": sum(errors.values()),
             "error_kinds": errors,
             "wall_s": wall,
-            "cpu_s": load_used,
+            "cpu_s": used.pop("load_cpu_s"),
             "body_bytes": body_bytes,
             "mb_per_s": body_bytes / wall / 1e6,
-            "target_cpu_s": target_used,
-            "upstream_cpu_s": upstream_used,
-            "target_peak_kib": _targets.peak_rss_kib(target.pids()),
-            "window_s": wall,
-            "other_cpu_s": max(0.0, _machine_busy_seconds() - busy - target_used - upstream_used - load_used),
         }
+        summary.update(used)
+        return summary
 
     def hold(self, target: _targets.Target, streams: int, timeout: float) -> dict:
         """Open ``streams`` idle streams; return the target's RSS before and with them open."""
