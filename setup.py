@@ -51,7 +51,7 @@ setup(
         "redis": ["txredisapi>=1.6"],
         "test": [
             "hypothesis>=6.90",
-            "anthropic>=2.16",  # its message threads (tests of twisted_relay.threads)
+            "anthropic>=2.16",  # its message threads (tests of twisted_relay.message_threads.model)
             "txredisapi>=1.6",
         ],
     },

@@ -24,9 +24,9 @@ import tracemalloc
 
 from twisted.internet.task import Clock
 
+from twisted_relay.message_threads.model import Conversation
+from twisted_relay.message_threads.store import MemoryThreadStore
 from twisted_relay.simulated.model import ModelOptions, compose_answer
-from twisted_relay.thread_store import MemoryThreadStore
-from twisted_relay.threads import Conversation
 
 TOOLS = [
     {

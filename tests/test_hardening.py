@@ -21,6 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.http_headers import Headers
 from twisted.web.server import Site
 
+from tests.helpers import UPSTREAM_URL, InMemoryRelay, encode, messages_body
 from twisted_relay.app import _retry_after
 from twisted_relay.config import RelayConfig
 from twisted_relay.logs import json_stdout
@@ -28,8 +29,6 @@ from twisted_relay.service import Relay
 from twisted_relay.simulated import SimulatedUpstream
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import display_url
-
-from tests.helpers import UPSTREAM_URL, InMemoryRelay, encode, messages_body
 
 
 class MetricsTests(SynchronousTestCase):
@@ -172,15 +171,14 @@ class BodyLimitTests(SynchronousTestCase):
     """
 
     def request(self, max_body):
+        from twisted.web.resource import Resource
         from twisted.web.test.requesthelper import DummyChannel
 
-        from twisted_relay.site import _RelayRequest
-
-        from twisted.web.resource import Resource
+        from twisted_relay.site import _BodyLimitedRequest
 
         channel = DummyChannel()
         channel.site = RelaySite(Resource(), max_body=max_body)
-        return _RelayRequest(channel)
+        return _BodyLimitedRequest(channel)
 
     def test_declared_length(self):
         """

@@ -36,12 +36,11 @@ from twisted_relay.config import RelayConfig
 from twisted_relay.drain import close_after_answer
 from twisted_relay.errors import RelayError
 from twisted_relay.logs import bounded
+from twisted_relay.message_threads.turns import ThreadKeeper, credential_of, keeper_for, owner_of
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.redact import redact_text
 from twisted_relay.routing import FAILOVER_KINDS, NoRoute, RequestFacts, Router
 from twisted_relay.sse import SSEGate
-from twisted_relay.thread_turns import ThreadKeeper, credential_of, keeper_for, owner_of
-from twisted_relay.threads import ThreadError
 from twisted_relay.translation import translate_request
 from twisted_relay.upstream import (
     UpstreamClient,
@@ -651,7 +650,7 @@ class _RelayedRequest:
             # once serialised.
             self._body, body = body, None
             response, sent = await self._attempts(plan, clients, router, path, raw)
-        except (RelayError, ThreadError) as e:
+        except RelayError as e:
             self.error = e.message
             return relay._error(request, e, self.id)
 

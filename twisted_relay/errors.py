@@ -36,15 +36,21 @@ ERROR_TYPES = {
 }
 
 
-def error_body(error_type: str, message: str, request_id: str | None = None) -> bytes:
+def error_body(
+    error_type: str, message: str, request_id: str | None = None, error_code: str | None = None
+) -> bytes:
     """
     Serialise an Anthropic error object.
 
     :param error_type: the ``error.type``, e.g. ``invalid_request_error``.
     :param message: a sentence that says what happened.
     :param request_id: the relay request id, echoed as ``request_id``.
+    :param error_code: the ``error.details.error_code``, when the API gives one.
     """
-    body = {"type": "error", "error": {"type": error_type, "message": message}}
+    error = {"type": error_type, "message": message}
+    if error_code is not None:
+        error["details"] = {"error_code": error_code}
+    body = {"type": "error", "error": error}
     if request_id is not None:
         body["request_id"] = request_id
     return to_json(body)
@@ -67,20 +73,28 @@ class RelayError(Exception):
     :ivar message: the human-readable message.
     :ivar kind: a short word for metrics and retries (``connect``,
         ``dropped``, ``timeout``, ...), or ``None``.
+    :ivar error_code: the ``error.details.error_code`` some API errors
+        carry (message threads), or ``None``.
     """
 
     def __init__(
-        self, status: int, message: str, error_type: str | None = None, kind: str | None = None
+        self,
+        status: int,
+        message: str,
+        error_type: str | None = None,
+        kind: str | None = None,
+        error_code: str | None = None,
     ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type or ERROR_TYPES.get(status, "api_error")
         self.kind = kind
+        self.error_code = error_code
 
     def body(self, request_id: str | None = None) -> bytes:
         """The JSON error body for this failure."""
-        return error_body(self.error_type, self.message, request_id)
+        return error_body(self.error_type, self.message, request_id, self.error_code)
 
     def sse_event(self) -> bytes:
         """The SSE ``error`` event for this failure, once a stream has begun."""

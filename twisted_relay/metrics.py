@@ -298,7 +298,7 @@ class RelayMetrics:
 
     def watch_thread_store(self, store):
         """Export ``store``'s hits, misses, evictions, failures and size
-        (an :class:`~twisted_relay.thread_store.IThreadStore`): read when
+        (an :class:`~twisted_relay.message_threads.store.IThreadStore`): read when
         scraped in one process; copied to the shared files every second
         with workers (summed over them)."""
         if not self.multiprocess:

@@ -50,7 +50,7 @@ class BodyBudget:
         self.held -= size
 
 
-class _RelayRequest(Request):
+class _BodyLimitedRequest(Request):
     """
     A request that stops storing its body once it is over the site's
     ``max_body``: the route then answers 413, and the relay never holds an
@@ -281,7 +281,7 @@ class RelaySite(Site):
     request. Idle keep-alive connections close after ``timeout`` seconds.
     """
 
-    requestFactory = _RelayRequest
+    requestFactory = _BodyLimitedRequest
     protocol = _RelayChannel
 
     def __init__(self, resource, *, max_body: int | None = None, request_read_timeout: float | None = None,

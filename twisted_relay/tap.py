@@ -380,11 +380,11 @@ class Options(usage.Options):
             raise usage.UsageError("--simulate-seed and --simulate-reuse-every must be whole numbers.")
         if reuse_every < 0:
             raise usage.UsageError("--simulate-reuse-every must be zero or more.")
-        from twisted_relay.simulated.threads import THREAD_MODES
+        from twisted_relay.simulated.message_threads import THREAD_MODES
 
         if self["simulate-threads"] not in THREAD_MODES:
             raise usage.UsageError(f"--simulate-threads must be one of {', '.join(THREAD_MODES)}.")
-        from twisted_relay.thread_turns import THREAD_MODES as RELAY_THREAD_MODES
+        from twisted_relay.message_threads.turns import THREAD_MODES as RELAY_THREAD_MODES
 
         if self["threads"] not in RELAY_THREAD_MODES:
             raise usage.UsageError(f"--threads must be one of {', '.join(RELAY_THREAD_MODES)}, not {self['threads']!r}.")

@@ -22,9 +22,9 @@ from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
 from twisted.web.server import Site
 
 from twisted_relay._argtypes import seconds, whole_number
+from twisted_relay.simulated.message_threads import THREAD_MODES
 from twisted_relay.simulated.model import ID_STYLES, LEFT_OUT_IDS, MODES
 from twisted_relay.simulated.resource import SimulatedUpstream
-from twisted_relay.simulated.threads import THREAD_MODES
 
 __all__ = ["build_parser", "main", "parse_args", "serve", "upstream_from"]
 

@@ -29,6 +29,8 @@ from zope.interface import implementer
 from twisted_relay._json import to_json
 from twisted_relay.errors import error_body
 from twisted_relay.logs import bounded
+from twisted_relay.message_threads.model import ThreadError
+from twisted_relay.simulated.message_threads import SimulatedThreads, ThreadTurn
 from twisted_relay.simulated.model import (
     LINE_ENDINGS,
     MODELS,
@@ -49,8 +51,6 @@ from twisted_relay.simulated.model import (
     plan_chunks,
     seeded_rng,
 )
-from twisted_relay.simulated.threads import SimulatedThreads, ThreadTurn
-from twisted_relay.threads import ThreadError
 
 __all__ = ["MAX_BODY", "ReceivedRequest", "SimulatedUpstream", "get_model", "list_models"]
 
@@ -107,7 +107,7 @@ class SimulatedUpstream:
     :param threads: how message threads are treated: ``ignore`` (the
         ``thread`` field is ignored), ``rejects`` (400 naming the field) or
         ``knows`` (kept and honoured); see
-        :mod:`twisted_relay.simulated.threads`.
+        :mod:`twisted_relay.simulated.message_threads`.
     :param id_pattern: a regular expression every ``tool_use`` id and
         ``tool_result.tool_use_id`` must match (in every mode; strict mode
         otherwise checks Anthropic's ``^[a-zA-Z0-9_-]+$``).

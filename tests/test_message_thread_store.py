@@ -1,5 +1,5 @@
 """
-Tests for :mod:`twisted_relay.thread_store`: the continue rules on both
+Tests for :mod:`twisted_relay.message_threads.store`: the continue rules on both
 stores, the memory store's time to live and bounds on a ``Clock``, and the
 Redis store on a real ``redis-server`` (started here on 127.0.0.1), stopped
 in the middle of use.
@@ -17,13 +17,13 @@ from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.redis_server import SKIP_REASON, RedisServer
-from twisted_relay.metrics import RelayMetrics
-from twisted_relay.thread_store import (
+from twisted_relay.message_threads.model import ThreadError
+from twisted_relay.message_threads.store import (
     MemoryThreadStore,
     RedisThreadStore,
     thread_store_for,
 )
-from twisted_relay.threads import ThreadError
+from twisted_relay.metrics import RelayMetrics
 
 
 def code_of(failure_or_error) -> str:

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_thread_turns -*-
+# -*- test-case-name: tests.test_message_thread_turns -*-
 """
 Threads held by the relay, one request at a time: the small piece the
 request path calls (``docs/threads.md``, "Wiring it into the relay").
@@ -6,7 +6,7 @@ request path calls (``docs/threads.md``, "Wiring it into the relay").
 :meth:`ThreadKeeper.open` turns a request that carries a ``thread`` field
 into the plain request to translate and send (a ``create`` without its
 field, a ``continue`` rebuilt from the kept conversation), or fails with the
-:class:`~twisted_relay.threads.ThreadError` to answer. The
+:class:`~twisted_relay.message_threads.model.ThreadError` to answer. The
 :class:`ThreadTurn` it gives is settled once the answer is known: kept under
 the answer's id when the client received it whole, and otherwise left where
 it was, so a failed answer never advances a thread.
@@ -25,8 +25,7 @@ from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
 from twisted_relay._json import to_json
-from twisted_relay.thread_store import IThreadStore, thread_store_for
-from twisted_relay.threads import (
+from twisted_relay.message_threads.model import (
     CONTINUE,
     CREATE_ONLY_FIELDS,
     AnswerRecorder,
@@ -38,6 +37,7 @@ from twisted_relay.threads import (
     thread_of,
     without_threads_beta,
 )
+from twisted_relay.message_threads.store import IThreadStore, thread_store_for
 
 __all__ = ["THREAD_MODES", "ThreadKeeper", "ThreadTurn", "credential_of", "keeper_for", "owner_of"]
 
@@ -232,7 +232,7 @@ class ThreadKeeper:
         :param owner: from :func:`owner_of`.
         :return: a Deferred firing ``None`` for a request without a thread,
             or the :class:`ThreadTurn`; failing with the
-            :class:`~twisted_relay.threads.ThreadError` to answer.
+            :class:`~twisted_relay.message_threads.model.ThreadError` to answer.
         """
         try:
             thread = thread_of(body)

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_threads -*-
+# -*- test-case-name: tests.test_message_threads -*-
 """
 Message threads (the ``message-threads-2026-08-12`` beta): the pure model.
 
@@ -13,7 +13,7 @@ request is then translated like any other. ``docs/threads.md`` has the wire
 shapes this follows, as the official SDK reads them.
 
 Nothing here does I/O or imports Twisted; the stores are in
-:mod:`twisted_relay.thread_store`. :class:`AnswerRecorder` rebuilds the
+:mod:`twisted_relay.message_threads.store`. :class:`AnswerRecorder` rebuilds the
 answer a client received from the SSE bytes written to it, so the relay can
 store the answer exactly as the client saw it (ids already translated).
 """
@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import ujson
 
-from twisted_relay._json import to_json
+from twisted_relay.errors import RelayError
 
 __all__ = [
     "CONTINUE",
@@ -65,38 +65,17 @@ _CONVERSATION_VERSION = 1
 # -- errors, as the API gives them ---------------------------------------------
 
 
-class ThreadError(Exception):
+class ThreadError(RelayError):
     """
     A thread request the relay refuses, with the API's status, ``error.type``
     and ``error.details.error_code``; the SDKs decide on the code alone.
 
-    :ivar status: the HTTP status.
-    :ivar error_type: the ``error.type``.
     :ivar error_code: the ``error.details.error_code``, or ``None`` for a
         malformed ``thread`` field (a plain ``invalid_request_error``).
-    :ivar message: the ``error.message``.
     """
 
     def __init__(self, status: int, error_type: str, message: str, error_code: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.error_code = error_code
-        self.message = message
-
-    def to_dict(self, request_id: str | None = None) -> dict:
-        """The error body as a JSON value."""
-        error: dict[str, Any] = {"type": self.error_type, "message": self.message}
-        if self.error_code is not None:
-            error["details"] = {"error_code": self.error_code}
-        body: dict[str, Any] = {"type": "error", "error": error}
-        if request_id is not None:
-            body["request_id"] = request_id
-        return body
-
-    def body(self, request_id: str | None = None) -> bytes:
-        """The error body, serialised."""
-        return to_json(self.to_dict(request_id))
+        super().__init__(status, message, error_type, error_code=error_code)
 
     def __repr__(self) -> str:
         return f"ThreadError({self.status}, {self.error_type!r}, {self.error_code!r})"

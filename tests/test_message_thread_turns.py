@@ -1,5 +1,5 @@
 """
-Tests for :mod:`twisted_relay.thread_turns`: a thread request opened as the
+Tests for :mod:`twisted_relay.message_threads.turns`: a thread request opened as the
 plain request to send, and settled once its answer is known, on the memory
 store with a ``Clock``.
 """
@@ -10,10 +10,10 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
+from twisted_relay.message_threads.model import ThreadError
+from twisted_relay.message_threads.store import MemoryThreadStore
+from twisted_relay.message_threads.turns import ThreadKeeper, owner_of
 from twisted_relay.simulated.model import encode_events, message_events, seeded_rng
-from twisted_relay.thread_store import MemoryThreadStore
-from twisted_relay.thread_turns import ThreadKeeper, owner_of
-from twisted_relay.threads import ThreadError
 
 TOOLS = [{"name": "get_weather", "input_schema": {"type": "object"}}]
 CALL = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}

@@ -1,5 +1,5 @@
 """
-Tests for :mod:`twisted_relay.threads`: the ``thread`` field, the error
+Tests for :mod:`twisted_relay.message_threads.model`: the ``thread`` field, the error
 bodies (read back by the official SDK's own error classes), conversations
 kept and rebuilt, and the message rebuilt from a stream.
 """
@@ -21,14 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from twisted_relay.simulated.model import (
-    ModelOptions,
-    compose_answer,
-    encode_events,
-    message_events,
-    seeded_rng,
-)
-from twisted_relay.threads import (
+from twisted_relay.message_threads.model import (
     CONTINUE,
     CREATE,
     THREADS_BETA,
@@ -44,6 +37,13 @@ from twisted_relay.threads import (
     thread_not_found,
     thread_of,
     without_threads_beta,
+)
+from twisted_relay.simulated.model import (
+    ModelOptions,
+    compose_answer,
+    encode_events,
+    message_events,
+    seeded_rng,
 )
 
 TOOLS = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]

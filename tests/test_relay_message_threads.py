@@ -13,11 +13,10 @@ from prometheus_client import generate_latest
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
-from twisted_relay.config import RelayConfig
-from twisted_relay.simulated import SimulatedUpstream
-from twisted_relay.threads import THREADS_BETA, assemble_stream
-
 from tests.helpers import UPSTREAM_URL, InMemoryRelay, messages_body
+from twisted_relay.config import RelayConfig
+from twisted_relay.message_threads.model import THREADS_BETA, assemble_stream
+from twisted_relay.simulated import SimulatedUpstream
 
 CREATE = {"type": "create"}
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_simulated_threads -*-
+# -*- test-case-name: tests.test_simulated_message_threads -*-
 """
 Message threads in the simulated upstream, in one of three ways
 (:data:`THREAD_MODES`):
@@ -11,7 +11,7 @@ Message threads in the simulated upstream, in one of three ways
   validates its input and does not know threads;
 - ``knows``: the upstream keeps each conversation under its answer's id and
   honours ``create``/``continue`` with the API's three error codes, using the
-  relay's own model (:mod:`twisted_relay.threads`) and memory store.
+  relay's own model (:mod:`twisted_relay.message_threads.model`) and memory store.
 
 A ``continue`` is in flight from its request until its answer has been
 written whole (a stream: its last byte); an answer that was not (the client
@@ -26,9 +26,9 @@ from typing import Any
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
+from twisted_relay.message_threads.store import MemoryThreadStore
+from twisted_relay.message_threads.turns import ThreadKeeper, ThreadTurn
 from twisted_relay.simulated.model import Rejection
-from twisted_relay.thread_store import MemoryThreadStore
-from twisted_relay.thread_turns import ThreadKeeper, ThreadTurn
 
 __all__ = ["THREAD_MODES", "SimulatedThreads", "ThreadTurn"]
 

@@ -1,6 +1,6 @@
 """
 Tests for message threads in the simulated upstream
-(:mod:`twisted_relay.simulated.threads`): an upstream that knows threads,
+(:mod:`twisted_relay.simulated.message_threads`): an upstream that knows threads,
 one that rejects the field, one that ignores it; and the official SDK's
 tool runner (threads on by default) against each, on 127.0.0.1.
 """
@@ -15,10 +15,10 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Site
 
 from tests.test_simulated import TOOLS, _answer_results, _body, _result, _Upstream
+from twisted_relay.message_threads.model import THREADS_BETA
 from twisted_relay.simulated import SimulatedUpstream
 from twisted_relay.simulated.cli import parse_args, upstream_from
 from twisted_relay.tap import Options
-from twisted_relay.threads import THREADS_BETA
 
 FIRST = {"role": "user", "content": "Bonjour, fais le tour des outils."}
 

@@ -114,8 +114,7 @@ class StoreDownTests(TestCase):
 
         import treq
 
-        from tests.helpers import messages_body
-        from tests.helpers import free_port
+        from tests.helpers import free_port, messages_body
 
         simulated = SimulatedUpstream(mode="strict", seed=1, reactor=reactor)
         port = reactor.listenTCP(0, Site(simulated.resource()), interface="127.0.0.1")

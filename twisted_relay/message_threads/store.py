@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_thread_store -*-
+# -*- test-case-name: tests.test_message_thread_store -*-
 """
 Where the relay keeps message threads: in its own memory (the default) or in
 Redis (``--thread-store redis://...``), behind one small interface,
@@ -6,7 +6,7 @@ Redis (``--thread-store redis://...``), behind one small interface,
 
 A store keeps, under the id of each answer a client received, the bytes of
 the conversation up to that answer (:meth:`Conversation.encode
-<twisted_relay.threads.Conversation.encode>`); it does not read them. It
+<twisted_relay.message_threads.model.Conversation.encode>`); it does not read them. It
 also enforces the API's rules on ``continue``: a second ``continue`` from
 the same answer is refused (``thread_already_continued``), and so is one
 while another from it is in flight (``thread_continue_in_flight``); an
@@ -29,7 +29,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import Attribute, Interface, implementer
 
-from twisted_relay.threads import (
+from twisted_relay.message_threads.model import (
     ThreadError,
     already_continued,
     continue_in_flight,
@@ -73,7 +73,7 @@ class IThreadStore(Interface):
         """
         Start a ``continue`` from ``previous_message_id``: fire with the
         stored conversation bytes and hold the answer until :meth:`commit` or
-        :meth:`abort`; fail with a :class:`~twisted_relay.threads.ThreadError`
+        :meth:`abort`; fail with a :class:`~twisted_relay.message_threads.model.ThreadError`
         (not found, already continued, in flight).
         """
 
