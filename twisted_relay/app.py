@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import quote
 
 import ujson
 from klein import Klein
@@ -47,6 +47,7 @@ from twisted_relay.upstream import (
     UpstreamClients,
     client_response_headers,
     connection_tokens,
+    path_escapes,
     read_body,
     upstream_request_headers,
 )
@@ -1017,43 +1018,15 @@ def _upstream_path(request) -> str:
 
     :raises RelayError: 404 for a path that a server or proxy on the way
         could read as one outside the upstream's base path
-        (:func:`_path_escapes`); nothing is sent for it.
+        (:func:`twisted_relay.upstream.path_escapes`); nothing is sent for it.
     """
     uri = request.uri
     mount = getattr(request, "relay_mount", b"").strip(b"/")
     if mount and uri.startswith(b"/" + mount + b"/"):
         uri = uri[len(mount) + 1 :]
-    if _path_escapes(uri):
+    if path_escapes(uri):
         raise RelayError(404, "The relay has no route for %s %s." % _method_and_path(request))
     return uri.decode("latin-1")
-
-
-# How many rounds of percent-decoding a path segment is checked through
-# (a server that decodes twice still sees no dot segment).
-_DECODING_ROUNDS = 3
-
-
-def _path_escapes(uri: bytes) -> bool:
-    """
-    Whether the path of ``uri`` holds a segment that is not plainly one
-    segment: ``.`` or ``..``, or one holding ``/`` or ``\\`` once
-    percent-decoded (up to :data:`_DECODING_ROUNDS` times), or a backslash
-    as it is. Any of these can take a request, signed with the relay's
-    upstream key, outside the upstream's base path.
-    """
-    path = uri.partition(b"?")[0].partition(b"#")[0]
-    if b"." not in path and b"%" not in path and b"\\" not in path:
-        return False
-    for segment in path.split(b"/"):
-        for _ in range(_DECODING_ROUNDS + 1):
-            if segment in (b".", b"..") or b"\\" in segment:
-                return True
-            if b"%" not in segment:
-                break
-            segment = unquote_to_bytes(segment)
-            if b"/" in segment:
-                return True
-    return False
 
 
 def _without_keys(answer: bytes, secrets: tuple[str, ...]) -> bytes:

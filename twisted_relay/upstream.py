@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from http.cookiejar import CookieJar
 from typing import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail, succeed
@@ -51,6 +51,7 @@ __all__ = [
     "UpstreamEndpoints",
     "client_response_headers",
     "connection_tokens",
+    "path_escapes",
     "upstream_request_headers",
 ]
 
@@ -620,6 +621,34 @@ class UpstreamClient:
         flight when their answers end. Fires when the idle ones are closed.
         """
         return _twisted.retire_pool(self._pool)
+
+
+#: How many rounds of percent-decoding a path segment is checked through
+#: (a server that decodes twice still sees no dot segment).
+DECODING_ROUNDS = 3
+
+
+def path_escapes(uri: bytes) -> bool:
+    """
+    Whether the path of ``uri`` holds a segment that is not plainly one
+    segment: ``.`` or ``..``, or one holding ``/`` or ``\\`` once
+    percent-decoded (up to :data:`DECODING_ROUNDS` times), or a backslash
+    as it is. Any of these can take a request, signed with the relay's
+    upstream key, outside the upstream's base path.
+    """
+    path = uri.partition(b"?")[0].partition(b"#")[0]
+    if b"." not in path and b"%" not in path and b"\\" not in path:
+        return False
+    for segment in path.split(b"/"):
+        for _ in range(DECODING_ROUNDS + 1):
+            if segment in (b".", b"..") or b"\\" in segment:
+                return True
+            if b"%" not in segment:
+                break
+            segment = unquote_to_bytes(segment)
+            if b"/" in segment:
+                return True
+    return False
 
 
 def _without_empty_encoding(response: IResponse) -> IResponse:
