@@ -40,6 +40,7 @@ from treq.client import HTTPClient
 from zope.interface import implementer
 
 from twisted_relay import _twisted
+from twisted_relay.chunked import CoalescingChunkedDecoder
 from twisted_relay.errors import RelayError
 
 __all__ = [
@@ -499,7 +500,7 @@ class UpstreamClient:
         self._reactor = reactor
         self.base_url = base_url
         self.response_timeout = response_timeout
-        self._pool = _twisted.connection_pool(reactor)
+        self._pool = _twisted.connection_pool(reactor, CoalescingChunkedDecoder)
         self._pool.maxPersistentPerHost = max_connections
         # An idle upstream connection is kept for a while, but not for
         # as long as a typical load balancer keeps it (often 60 s):
