@@ -77,7 +77,9 @@ class ContractTests(SynchronousTestCase):
 
     def test_copied_constant(self):
         """The chunk-extension characters copied from Twisted are still Twisted's."""
-        self.assertEqual(_twisted.CHUNK_EXTENSION_CHARS, http._chunkExtChars)
+        from twisted_relay import chunked
+
+        self.assertEqual(chunked.CHUNK_EXTENSION_CHARS, http._chunkExtChars)
 
     def test_each_name_guards(self):
         """Hiding any one private name switches off what relies on it, and nothing else."""

@@ -66,7 +66,6 @@ from twisted.web import client as _client
 from twisted.web import http as _http
 
 __all__ = [
-    "CHUNK_EXTENSION_CHARS",
     "COST_WHEN_OFF",
     "DataLoss",
     "MalformedChunkedData",
@@ -84,14 +83,6 @@ __all__ = [
 ]
 
 _log = Logger(namespace="twisted_relay._twisted")
-
-# Characters allowed in a chunk extension (RFC 9112 7.1.1), as Twisted's
-# decoder allows them: copied, not imported.
-CHUNK_EXTENSION_CHARS = (
-    b"\t !\"#$%&'()*+,-./0123456789:;<=>?@"
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ[]^_`"
-    b"abcdefghijklmnopqrstuvwxyz{|}~" + bytes(range(0x80, 0x100))
-)
 
 # Twisted's chunked decoder and the errors its client parser tells apart: a
 # body cut before its last chunk must raise Twisted's own ``_DataLoss`` for
@@ -685,7 +676,7 @@ def _probe_all() -> tuple[Assumptions, dict[str, str]]:
 
 
 _active = Assumptions()
-# Whether the assumptions in use were decided (by activate() or use()).
+# Whether activate() has run: the assumptions in use were probed, or chosen since by use().
 _activated = False
 
 
