@@ -34,12 +34,13 @@ the job, each for a gain that was measured:
     value that is exactly ``close``, does not pool a connection the
     upstream is closing. Needs ``pool_hooks``.
 
-When the service starts (:func:`activate`, or on first use where nothing
-started one, as in tests that build a relay in memory) each assumption is
-checked, by name and by behaviour (a probe drives the very code path on
-in-memory transports). One that does not hold is switched off, with one log
-line saying so, and the relay takes Twisted's public path instead: plain ``transport.write``, Twisted's own pool,
-connection factory and chunked decoder, Twisted's ``Agent``. Four of the
+Not at import, but once, by :func:`activate` (when the relay's service
+starts, or on the first use of what needs it), each assumption is checked,
+by name and by behaviour (a probe drives the very code path on in-memory
+transports). One that does not hold is switched off, with one log line
+saying so, and the relay takes Twisted's public path instead: plain
+``transport.write``, Twisted's own pool, connection factory and chunked
+decoder, Twisted's ``Agent``. Four of the
 five then cost speed only, never a corrupted stream. ``connection_header``
 off costs more: Twisted's public response does not show the upstream's
 ``Connection`` header, so the headers it names (``Connection: x-foo`` with
@@ -397,7 +398,8 @@ if _Request is not None:
             lines.append(b"\r\n")
             # The head joined (a few hundred bytes), the body as it is: never copied.
             pieces = [b"".join(lines), body] if body else [b"".join(lines)]
-            # (_write_through first: a probe writes so before anything is activated.)
+            # _write_through first: a probe writes here before activate() has decided,
+            # and send_now would then activate (probe) again.
             if not (_write_through and send_now(transport, pieces)):
                 transport.writeSequence(pieces)
             return succeed(None)
@@ -717,9 +719,9 @@ def activate() -> Assumptions:
     Probe Twisted's internals and use the assumptions that hold, logging
     each one switched off; once: later calls return the assumptions in use.
 
-    The relay's service calls it when it starts; whatever needs the
-    assumptions before that (a relay built in memory, in tests) calls it on
-    first use.
+    Called when the relay's service starts, and before that on first use by
+    whatever needs the assumptions (the upstream client's pool, built with
+    the relay; a relay that tests build in memory and never start).
     """
     global _activated
     if _activated:
