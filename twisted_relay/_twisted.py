@@ -40,14 +40,14 @@ by name and by behaviour (a probe drives the very code path on in-memory
 transports). One that does not hold is switched off, with one log line
 saying so, and the relay takes Twisted's public path instead: plain
 ``transport.write``, Twisted's own pool, connection factory and chunked
-decoder, Twisted's ``Agent``. Four of the
-five then cost speed only, never a corrupted stream. ``connection_header``
-off costs more: Twisted's public response does not show the upstream's
-``Connection`` header, so the headers it names (``Connection: x-foo`` with
-``X-Foo``) reach the client again (the standard hop-by-hop headers,
-``Keep-Alive``, ``Upgrade`` and the rest, are still dropped by name), and
-a connection the upstream closes with ``Connection: close, x-foo`` may be
-pooled, its next request failing (and sent again where retries allow).
+decoder, Twisted's ``Agent``. Four of the five then cost speed only, never
+a corrupted stream. ``connection_header`` off costs more: Twisted's public
+response does not show the upstream's ``Connection`` header, so the headers
+it names (``Connection: x-foo`` with ``X-Foo``) reach the client again (the
+standard hop-by-hop headers, ``Keep-Alive``, ``Upgrade`` and the rest, are
+still dropped by name), and a connection the upstream closes with
+``Connection: close, x-foo`` may be pooled, its next request failing (and
+sent again where retries allow).
 ``tests.test_twisted`` asserts every assumption holds on the Twisted the
 suite runs on, and runs the relay with all of them switched off.
 
