@@ -28,14 +28,8 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 
 from twisted_relay.errors import RelayError
-from twisted_relay.sse import (
-    PING_EVENT,
-    EventFramer,
-    EventTooLarge,
-    SSEGate,
-    event_name,
-    parse_event,
-)
+from twisted_relay.sse import PING_EVENT, SSEGate
+from twisted_relay.sse_events import EventFramer, EventTooLarge, event_name, parse_event
 from twisted_relay.translation import ORIGINAL, UNIQUE, translate_request
 
 # -- recorded streams ----------------------------------------------------------
@@ -902,8 +896,8 @@ class GateStreamTests(SynchronousTestCase):
             read.append(bytes(buf[start:end]))
             return real(buf, start, end, cr)
 
-        real = sse._event_name_at
-        self.patch(sse, "_event_name_at", counting)
+        real = sse.event_name_at
+        self.patch(sse, "event_name_at", counting)
         delta = (
             b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
             b'"delta":{"type":"text_delta","text":"some text"}}\n\n'

@@ -10,6 +10,11 @@ appear: it checks them.
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+import textwrap
+
 import ujson
 from twisted.internet import reactor
 from twisted.internet.protocol import Factory
@@ -72,7 +77,9 @@ class ContractTests(SynchronousTestCase):
 
     def test_copied_constant(self):
         """The chunk-extension characters copied from Twisted are still Twisted's."""
-        self.assertEqual(_twisted.CHUNK_EXTENSION_CHARS, http._chunkExtChars)
+        from twisted_relay import chunked
+
+        self.assertEqual(chunked.CHUNK_EXTENSION_CHARS, http._chunkExtChars)
 
     def test_each_name_guards(self):
         """Hiding any one private name switches off what relies on it, and nothing else."""
@@ -92,6 +99,17 @@ class ContractTests(SynchronousTestCase):
                 expected |= {"coalescing_decoder", "one_send_request", "connection_header"}
             self.assertEqual(set(held.off()), expected, name)
             self.assertEqual(set(why), expected, name)
+
+    def test_pool_reads_chunked_bodies_with_the_decoder_given(self):
+        """The caller chooses the chunked decoder (``_twisted`` knows none of the relay's)."""
+
+        class Given(_twisted.TwistedChunkedDecoder):
+            pass
+
+        pool = _twisted.connection_pool(MemoryReactorClock(), Given)
+        self.assertEqual(pool._factory(None, None).decoders, {b"chunked": Given})
+        pool = _twisted.connection_pool(MemoryReactorClock())
+        self.assertIsNone(pool._factory(None, None).decoders)
 
     def test_pool_keeps_no_closing_connection(self):
         """The relay's pool keeps no connection that is closing, over TCP or TLS."""
@@ -121,6 +139,81 @@ class ContractTests(SynchronousTestCase):
                 kept = pool._connections.get(key, [])
                 self.assertEqual(connection in kept, not closing, (tls, closing))
         pool.closeCachedConnections()
+
+
+class ActivationTests(SynchronousTestCase):
+    """
+    ``_twisted`` is the bottom layer: it imports nothing of the relay's, and
+    probes nothing at import; the probes run once, when the service starts
+    (``activate``) or on the first use of what needs them.
+    """
+
+    def test_imports_nothing_of_the_relay(self):
+        """No import in ``_twisted.py`` names a module of ``twisted_relay``."""
+        with open(_twisted.__file__, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        imported = [
+            name
+            for node in ast.walk(tree)
+            for name in (
+                [alias.name for alias in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            )
+        ]
+        self.assertTrue(imported)
+        self.assertEqual([name for name in imported if name.startswith("twisted_relay")], [])
+
+    def test_activate_once(self):
+        """``activate`` probes once; later calls give the assumptions in use, probing nothing."""
+        held = _twisted.activate()
+
+        def probe(hide=()):
+            raise AssertionError("probed again")
+
+        self.patch(_twisted, "probe", probe)
+        self.assertIs(_twisted.activate(), held)
+        self.assertIs(_twisted.activate(), _twisted.active())
+
+    def test_probes_on_first_use_not_at_import(self):
+        """
+        Importing the relay's modules probes nothing; whichever use comes
+        first (in a fresh process) probes, and takes the private path where
+        the assumptions hold: what in-memory tests, which start no service, rely on.
+        """
+        script = textwrap.dedent(
+            """
+            import importlib, json
+            from twisted.internet.task import Clock
+            from twisted.web.http_headers import Headers
+            from twisted_relay import _twisted as t
+            import twisted_relay.service, twisted_relay.site, twisted_relay.upstream
+            from twisted_relay.chunked import CoalescingChunkedDecoder
+            from twisted_relay.upstream import UpstreamClient
+
+            seen = {"import": [t._activated]}
+            first_uses = {
+                "activate": t.activate,
+                "active": t.active,
+                "send_now": lambda: t.send_now(object(), [b"x"]) is False,
+                "one_send_request": lambda: t.one_send_request(b"GET", b"/", Headers(), None, b"h") is not None,
+                "connection_pool": lambda: type(t.connection_pool(Clock())) is t._RelayConnectionPool,
+                "UpstreamClient": lambda: UpstreamClient(Clock(), "http://upstream.test")._pool._factory(
+                    None, None).decoders == {b"chunked": CoalescingChunkedDecoder},
+            }
+            for name, use in first_uses.items():
+                importlib.reload(t)
+                before = t._activated
+                result = use()
+                seen[name] = [before, t._activated, t._active.off(), bool(result)]
+            print(json.dumps(seen))
+            """
+        )
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        seen = ujson.loads(done.stdout)
+        self.assertEqual(seen.pop("import"), [False])
+        for name, (before, after, off, result) in seen.items():
+            self.assertEqual((before, after, off, result), (False, True, [], True), name)
 
 
 class FallbackTests(TestCase):

@@ -11,7 +11,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from twisted_relay.upstream import UpstreamClient, client_response_headers, upstream_request_headers
+from twisted_relay.upstream import UpstreamClient
+from twisted_relay.upstream_headers import client_response_headers, upstream_request_headers
 
 
 def headers(**pairs):
@@ -289,7 +290,7 @@ class HostValueTests(SynchronousTestCase):
     """The Host header of an upstream, as Twisted's Agent would send it."""
 
     def test_values(self):
-        from twisted_relay.upstream import _host_value
+        from twisted_relay.upstream_agent import _host_value
 
         self.assertEqual(_host_value(b"https", b"api.anthropic.com", 443), b"api.anthropic.com")
         self.assertEqual(_host_value(b"http", b"127.0.0.1", 80), b"127.0.0.1")
@@ -304,7 +305,7 @@ class UpstreamEndpointTests(SynchronousTestCase):
         from twisted.internet.testing import MemoryReactorClock
         from twisted.web.client import URI
 
-        from twisted_relay.upstream import UpstreamEndpoints
+        from twisted_relay.upstream_agent import UpstreamEndpoints
 
         factory = getattr(self, "factory", None)
         if factory is None:

@@ -16,10 +16,11 @@ the job, each for a gain that was measured:
     the pool while they are closing (``HTTPConnectionPool._factory`` and
     ``_putConnection``).
 ``coalescing_decoder``
-    Chunked upstream bodies read with
-    :class:`~twisted_relay.chunked.CoalescingChunkedDecoder`, one callback
-    per read instead of one per chunk (``HTTPClientParser._transferDecoders``,
-    ``HTTP11ClientProtocol._parser``, ``http._DataLoss``). Needs ``pool_hooks``.
+    Chunked upstream bodies read with the decoder the pool is given (the
+    relay's :class:`~twisted_relay.chunked.CoalescingChunkedDecoder`, one
+    callback per read instead of one per chunk) in place of Twisted's
+    (``HTTPClientParser._transferDecoders``, ``HTTP11ClientProtocol._parser``,
+    ``http._DataLoss``). Needs ``pool_hooks``.
 ``one_send_request``
     An upstream request whose body is in memory written in one send, line,
     headers and body (a subclass of ``twisted.web._newclient.Request``),
@@ -33,20 +34,25 @@ the job, each for a gain that was measured:
     value that is exactly ``close``, does not pool a connection the
     upstream is closing. Needs ``pool_hooks``.
 
-At import each assumption is checked, by name and by behaviour (a probe
-drives the very code path on in-memory transports). One that does not hold
-is switched off, with one log line saying so, and the relay takes Twisted's
-public path instead: plain ``transport.write``, Twisted's own pool,
-connection factory and chunked decoder, Twisted's ``Agent``. Four of the
-five then cost speed only, never a corrupted stream. ``connection_header``
-off costs more: Twisted's public response does not show the upstream's
-``Connection`` header, so the headers it names (``Connection: x-foo`` with
-``X-Foo``) reach the client again (the standard hop-by-hop headers,
-``Keep-Alive``, ``Upgrade`` and the rest, are still dropped by name), and
-a connection the upstream closes with ``Connection: close, x-foo`` may be
-pooled, its next request failing (and sent again where retries allow).
+Not at import, but once, by :func:`activate` (when the relay's service
+starts, or on the first use of what needs it), each assumption is checked,
+by name and by behaviour (a probe drives the very code path on in-memory
+transports). One that does not hold is switched off, with one log line
+saying so, and the relay takes Twisted's public path instead: plain
+``transport.write``, Twisted's own pool, connection factory and chunked
+decoder, Twisted's ``Agent``. Four of the five then cost speed only, never
+a corrupted stream. ``connection_header`` off costs more: Twisted's public
+response does not show the upstream's ``Connection`` header, so the headers
+it names (``Connection: x-foo`` with ``X-Foo``) reach the client again (the
+standard hop-by-hop headers, ``Keep-Alive``, ``Upgrade`` and the rest, are
+still dropped by name), and a connection the upstream closes with
+``Connection: close, x-foo`` may be pooled, its next request failing (and
+sent again where retries allow).
 ``tests.test_twisted`` asserts every assumption holds on the Twisted the
 suite runs on, and runs the relay with all of them switched off.
+
+This module imports nothing of the relay's: it is the bottom layer, and the
+relay's own pieces (the chunked decoder) are given to it.
 """
 
 from __future__ import annotations
@@ -61,12 +67,12 @@ from twisted.web import client as _client
 from twisted.web import http as _http
 
 __all__ = [
-    "CHUNK_EXTENSION_CHARS",
     "COST_WHEN_OFF",
     "DataLoss",
     "MalformedChunkedData",
     "TwistedChunkedDecoder",
     "active",
+    "activate",
     "closing",
     "connection_pool",
     "one_send_request",
@@ -78,14 +84,6 @@ __all__ = [
 ]
 
 _log = Logger(namespace="twisted_relay._twisted")
-
-# Characters allowed in a chunk extension (RFC 9112 7.1.1), as Twisted's
-# decoder allows them: copied, not imported.
-CHUNK_EXTENSION_CHARS = (
-    b"\t !\"#$%&'()*+,-./0123456789:;<=>?@"
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ[]^_`"
-    b"abcdefghijklmnopqrstuvwxyz{|}~" + bytes(range(0x80, 0x100))
-)
 
 # Twisted's chunked decoder and the errors its client parser tells apart: a
 # body cut before its last chunk must raise Twisted's own ``_DataLoss`` for
@@ -150,9 +148,11 @@ def send_now(transport, iovec) -> bool:
     connection, or the assumption switched off) the caller writes it to the
     transport as usual.
     """
+    # Off, or not decided yet: then decided now, once.
+    if not _write_through and (_activated or not activate().write_through):
+        return False
     if (
-        not _write_through
-        or type(transport) not in _PLAIN_TCP
+        type(transport) not in _PLAIN_TCP
         or transport.TLS
         or not transport.connected
         or transport.disconnecting
@@ -185,22 +185,6 @@ def send_now(transport, iovec) -> bool:
     return True
 
 
-class _NullReactor:
-    """Just enough of a reactor for a probe's file descriptor."""
-
-    def addWriter(self, writer):
-        pass
-
-    def removeWriter(self, writer):
-        pass
-
-    def addReader(self, reader):
-        pass
-
-    def removeReader(self, reader):
-        pass
-
-
 def _probe_write_through() -> str | None:
     """
     ``send_now`` judges "nothing buffered" by ``_tempDataLen == 0`` and
@@ -226,7 +210,9 @@ def _probe_write_through() -> str | None:
     def pending(fd) -> int:
         return fd._tempDataLen + len(fd.dataBuffer) - fd.offset
 
-    fd = Probe(reactor=_NullReactor())
+    from twisted.internet.testing import MemoryReactor
+
+    fd = Probe(reactor=MemoryReactor())
     fd.connected = 1
     if pending(fd) != 0 or fd._writeDisconnected:
         return "a new descriptor does not look empty"
@@ -285,12 +271,6 @@ def _note_connection(response, parser):
         parser.connHeaders.setRawHeaders(b"connection", sorted(tokens))
     response.relay_connection_tokens = tokens
     return response
-
-
-def _transfer_decoders():
-    from twisted_relay.chunked import CoalescingChunkedDecoder
-
-    return {b"chunked": CoalescingChunkedDecoder}
 
 
 if _HTTP11ClientProtocol is not None and _HTTP11ClientFactory is not None:
@@ -362,15 +342,19 @@ else:  # pragma: no cover - only on a Twisted without them
     _RelayConnectionPool = None
 
 
-def connection_pool(reactor):
+def connection_pool(reactor, chunked_decoder=None):
     """
-    The upstream connection pool: the relay's own when ``pool_hooks`` hold
-    (with the coalescing decoder when that holds too), else Twisted's.
+    The upstream connection pool: the relay's own when ``pool_hooks`` hold,
+    else Twisted's.
+
+    :param chunked_decoder: a drop-in for Twisted's ``_ChunkedTransferDecoder``
+        (the relay's coalescing decoder) to read chunked bodies with, when
+        ``coalescing_decoder`` holds too; Twisted's own otherwise, or when ``None``.
     """
+    activate()
     if _pool_hooks:
-        return _RelayConnectionPool(
-            reactor, persistent=True, decoders=_transfer_decoders() if _coalescing_decoder else None
-        )
+        decoders = {b"chunked": chunked_decoder} if _coalescing_decoder and chunked_decoder is not None else None
+        return _RelayConnectionPool(reactor, persistent=True, decoders=decoders)
     return _client.HTTPConnectionPool(reactor, persistent=True)
 
 
@@ -414,7 +398,9 @@ if _Request is not None:
             lines.append(b"\r\n")
             # The head joined (a few hundred bytes), the body as it is: never copied.
             pieces = [b"".join(lines), body] if body else [b"".join(lines)]
-            if not send_now(transport, pieces):
+            # _write_through first: a probe writes here before activate() has decided,
+            # and send_now would then activate (probe) again.
+            if not (_write_through and send_now(transport, pieces)):
                 transport.writeSequence(pieces)
             return succeed(None)
 
@@ -429,6 +415,8 @@ def one_send_request(method: bytes, uri: bytes, headers, body: bytes | None, hos
     one send, or ``None`` when ``one_send_request`` does not hold (the caller
     then sends through Twisted's ``Agent``).
     """
+    if not _activated:
+        activate()
     if not _one_send_request:
         return None
     return _OneSendRequest(method, uri, headers, body, host)
@@ -690,12 +678,18 @@ def _probe_all() -> tuple[Assumptions, dict[str, str]]:
 
 
 _active = Assumptions()
+# Whether activate() has run: the assumptions in use were probed, or chosen since by use().
+_activated = False
 
 
 def use(assumptions: Assumptions) -> Assumptions:
-    """Switch the relay's uses of Twisted internals to ``assumptions``; return those in use before."""
+    """
+    Switch the relay's uses of Twisted internals to ``assumptions`` (tests
+    switch them off so); return those in use before, probed first if they
+    were not yet.
+    """
     global _active, _write_through, _pool_hooks, _coalescing_decoder, _one_send_request, _connection_header
-    before = _active
+    before = activate()
     _active = assumptions
     _write_through = assumptions.write_through
     _pool_hooks = assumptions.pool_hooks
@@ -706,8 +700,8 @@ def use(assumptions: Assumptions) -> Assumptions:
 
 
 def active() -> Assumptions:
-    """The assumptions in use."""
-    return _active
+    """The assumptions in use (probed first if they were not yet)."""
+    return activate()
 
 
 #: What the relay loses with an assumption off, where it is more than speed.
@@ -720,7 +714,20 @@ COST_WHEN_OFF = {
 }
 
 
-def _start() -> None:
+def activate() -> Assumptions:
+    """
+    Probe Twisted's internals and use the assumptions that hold, logging
+    each one switched off; once: later calls return the assumptions in use.
+
+    Called when the relay's service starts, and before that on first use by
+    whatever needs the assumptions (the upstream client's pool, built with
+    the relay; a relay that tests build in memory and never start).
+    """
+    global _activated
+    if _activated:
+        return _active
+    # Set first: use() below (and anything a probe reaches) must not probe again.
+    _activated = True
     held, why = probe()
     for name, problem in why.items():
         _log.warn(
@@ -731,6 +738,4 @@ def _start() -> None:
             cost=COST_WHEN_OFF.get(name, "speed only"),
         )
     use(held)
-
-
-_start()
+    return held

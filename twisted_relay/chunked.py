@@ -17,11 +17,18 @@ from typing import Callable
 
 from twisted.web.http import maxChunkSizeLineLength
 
-from twisted_relay._twisted import CHUNK_EXTENSION_CHARS, DataLoss, MalformedChunkedData
+from twisted_relay._twisted import DataLoss, MalformedChunkedData
 
 __all__ = ["CoalescingChunkedDecoder"]
 
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
+# Characters allowed in a chunk extension (RFC 9112 7.1.1), as Twisted's
+# decoder allows them: copied, not imported (tests.test_twisted compares them).
+CHUNK_EXTENSION_CHARS = (
+    b"\t !\"#$%&'()*+,-./0123456789:;<=>?@"
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ[]^_`"
+    b"abcdefghijklmnopqrstuvwxyz{|}~" + bytes(range(0x80, 0x100))
+)
 _MAX_TRAILER_BYTES = 2**16
 # Short size lines already read and checked, and their sizes: a stream's
 # events come in few distinct lengths. Shared by every decoder, and bounded.

@@ -36,7 +36,7 @@ from treq.client import HTTPClient
 
 from twisted_relay._version import __version__
 from twisted_relay._argtypes import seconds, whole_number
-from twisted_relay.sse import EventFramer, parse_event
+from twisted_relay.sse_events import EventFramer, parse_event
 
 __all__ = [
     "DEFAULT_BASE_URL",

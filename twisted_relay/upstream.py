@@ -1,46 +1,42 @@
 # -*- test-case-name: tests.test_upstream -*-
 """
-The upstream side: one persistent connection pool, header hygiene, timeouts.
+The upstream side: one client (one persistent connection pool) per
+upstream, requests sent with timeouts, whole bodies read, connection
+failures said in words, and the upstream URL rules (the base URL, paths
+that would leave it).
 
-This module knows Twisted's HTTP client; it knows nothing of tool-use ids or SSE.
+What treq runs on is in :mod:`twisted_relay.upstream_agent`, the header
+rules in :mod:`twisted_relay.upstream_headers`. This module knows Twisted's
+HTTP client; it knows nothing of tool-use ids or SSE.
 """
 
 from __future__ import annotations
 
-import re
-from http.cookiejar import CookieJar
-from typing import Iterable
 from urllib.parse import unquote_to_bytes, urlsplit
 
-from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail, succeed
-from twisted.internet.endpoints import (
-    HostnameEndpoint,
-    TCP4ClientEndpoint,
-    TCP6ClientEndpoint,
-    wrapClientTLS,
-)
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError, TimeoutError
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
-from twisted.web.client import (
-    URI,
-    Agent,
-    BrowserLikePolicyForHTTPS,
-    ResponseDone,
-    ResponseFailed,
-    ResponseNeverReceived,
-)
-from twisted.web.error import SchemeNotSupported
+from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.iweb import IResponse
 from hyperlink import EncodedURL
 from treq.client import HTTPClient
-from zope.interface import implementer
 
 from twisted_relay import _twisted
+from twisted_relay.chunked import CoalescingChunkedDecoder
 from twisted_relay.errors import RelayError
+from twisted_relay.upstream_agent import BytesProducer, NoCookies, PooledAgent, PreparedURL, UpstreamEndpoints
+
+# The header rules live in upstream_headers; the request path imports them from here too.
+from twisted_relay.upstream_headers import (
+    HOP_BY_HOP,
+    client_response_headers,
+    connection_tokens,
+    upstream_request_headers,
+)
 
 __all__ = [
     "HOP_BY_HOP",
@@ -55,129 +51,8 @@ __all__ = [
     "upstream_request_headers",
 ]
 
-#: Headers that describe one connection, never the message (RFC 9110 7.6.1).
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
-
-# Not hop-by-hop, but the relay sets them itself on each side: the length of
-# a body it may rewrite, the host it talks to, and no compression, because
-# the relay must read the bytes it forwards.
-_NOT_FORWARDED_UPSTREAM = HOP_BY_HOP | {
-    b"host",
-    b"content-length",
-    b"accept-encoding",
-    b"expect",
-}
-_NOT_FORWARDED_TO_CLIENT = HOP_BY_HOP | {
-    b"content-length",
-    b"date",
-    b"server",
-}
-_CREDENTIALS = (b"x-api-key", b"authorization")
-
-
-def _connection_tokens(headers: Headers) -> set[bytes]:
-    """Header names listed in ``Connection``: hop-by-hop for this message."""
-    tokens = set()
-    for value in headers.getRawHeaders(b"connection", []):
-        for token in value.split(b","):
-            token = token.strip().lower()
-            if token:
-                tokens.add(token)
-    return tokens
-
-
-def _copy_headers(headers: Headers, skip: Iterable[bytes]) -> Headers:
-    skip = set(skip) | _connection_tokens(headers)
-    copied = Headers()
-    for name, values in headers.getAllRawHeaders():
-        if name.lower() not in skip:
-            copied.setRawHeaders(name, list(values))
-    return copied
-
-
-# What RFC 9110 5.5 does not allow in a field value: control bytes other
-# than horizontal tab, and DEL. (Twisted's server refuses CR, LF and NUL itself.)
-_CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-def _refuse_control_bytes(headers: Headers) -> None:
-    """
-    Refuse (400) headers whose values hold control bytes: forwarded, they
-    could be read differently by each server on the way.
-    """
-    for name, values in headers.getAllRawHeaders():
-        for value in values:
-            if _CONTROL_BYTES.search(value) is not None:
-                raise RelayError(
-                    400,
-                    "The value of header %s holds a control character, which HTTP does not allow."
-                    % (name.decode("latin-1")[:100],),
-                )
-
-
-def upstream_request_headers(
-    client_headers: Headers, upstream_key: str | None, *, strip_credentials: bool = False
-) -> Headers:
-    """
-    The headers to send upstream for a client's request.
-
-    Every end-to-end header passes through verbatim (``anthropic-*``,
-    ``x-claude-code-*``, ``user-agent``, ``content-type``, ...). With an
-    upstream key configured, the client's own credentials are replaced by it;
-    with ``strip_credentials`` (the client's key is a relay key) they are
-    never forwarded.
-
-    :raises RelayError: 400 for a forwarded value holding a control byte.
-    """
-    headers = _copy_headers(client_headers, _NOT_FORWARDED_UPSTREAM)
-    _refuse_control_bytes(headers)
-    if upstream_key or strip_credentials:
-        for name in _CREDENTIALS:
-            headers.removeHeader(name)
-    if upstream_key:
-        headers.setRawHeaders(b"x-api-key", [upstream_key.encode("utf-8")])
-    return headers
-
-
-def client_response_headers(upstream_headers: Headers, connection_tokens: Iterable[bytes] = ()) -> Headers:
-    """
-    The upstream's response headers as the client should get them.
-
-    ``request-id``, rate-limit headers, ``retry-after`` and
-    ``x-should-retry`` pass through; hop-by-hop headers, those the upstream's
-    ``Connection`` header names (``connection_tokens``, see
-    :func:`connection_tokens`) and those the relay's own server writes do not.
-    """
-    return _copy_headers(upstream_headers, _NOT_FORWARDED_TO_CLIENT | frozenset(connection_tokens))
-
-
-def connection_tokens(response: IResponse) -> frozenset[bytes]:
-    """
-    The header names, lower-cased, that an upstream response's
-    ``Connection`` header lists: hop-by-hop for that response alone
-    (RFC 9110 7.6.1). Twisted keeps ``Connection`` apart from
-    ``response.headers``; the relay's connections note its tokens
-    (``_twisted``, ``connection_header``). Empty where they could not.
-    """
-    # Under treq's wrappers (its response, a decoder's) is Twisted's response.
-    while response is not None:
-        tokens = getattr(response, "relay_connection_tokens", None)
-        if tokens is not None:
-            return tokens
-        response = getattr(response, "original", None)
-    return frozenset()
+# The name tests/helpers.py and tests/test_fuzz.py import (it is upstream_agent.BytesProducer).
+_BytesProducer = BytesProducer
 
 
 class _BodyReader(Protocol):
@@ -272,198 +147,8 @@ def read_body(
     return d
 
 
-@implementer(IAgentEndpointFactory)
-class UpstreamEndpoints:
-    """
-    The endpoint of each upstream host, made once and reused: the upstream
-    client's default endpoint factory (tests give one that connects in memory).
-
-    Twisted's ``Agent`` makes a new endpoint per request. An upstream given
-    by an IP address is reached with a plain TCP endpoint: ``HostnameEndpoint``
-    would resolve even ``127.0.0.1`` in the reactor's thread pool, where a
-    burst of new connections queues.
-    """
-
-    def __init__(self, reactor, connect_timeout: float):
-        self._reactor = reactor
-        self._timeout = connect_timeout
-        self._policy = BrowserLikePolicyForHTTPS()
-        self._made: dict[tuple[bytes, bytes, int], object] = {}
-
-    def endpointForURI(self, uri: URI):
-        """The endpoint of ``uri``'s scheme, host and port, made on first use."""
-        key = (uri.scheme, uri.host, uri.port)
-        endpoint = self._made.get(key)
-        if endpoint is None:
-            endpoint = self._made[key] = self._make(*key)
-        return endpoint
-
-    def _make(self, scheme: bytes, host: bytes, port: int):
-        try:
-            name = host.decode("ascii")
-        except UnicodeDecodeError:
-            raise ValueError("The upstream host %r is not ASCII." % (host,))
-        if isIPAddress(name):
-            endpoint = TCP4ClientEndpoint(self._reactor, name, port, timeout=self._timeout)
-        elif isIPv6Address(name):
-            endpoint = TCP6ClientEndpoint(self._reactor, name, port, timeout=self._timeout)
-        else:
-            endpoint = HostnameEndpoint(self._reactor, name, port, timeout=self._timeout)
-        if scheme == b"http":
-            return endpoint
-        if scheme == b"https":
-            return wrapClientTLS(self._policy.creatorForNetloc(host, port), endpoint)
-        raise SchemeNotSupported("Unsupported scheme: %r" % (scheme,))
-
-
-@implementer(IBodyProducer)
-class _BytesProducer:
-    """
-    A request body that is already in memory, written in one go: what treq
-    turns the relay's bytes into (``data_to_body_producer``).
-
-    treq's default wraps bytes in a ``FileBodyProducer``, which hands them
-    out in cooperator-scheduled chunks: latency for nothing when the body is
-    whole. The relay's agent writes ``body`` with the request's head.
-    """
-
-    def __init__(self, body: bytes):
-        self.body = body
-        self.length = len(body)
-
-    def startProducing(self, consumer):
-        consumer.write(self.body)
-        return succeed(None)
-
-    def stopProducing(self) -> None:
-        pass
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-
-def _host_value(scheme: bytes, host: bytes, port: int) -> bytes:
-    """The ``Host`` header for an upstream, as Twisted's ``Agent`` computes it."""
-    if isIPv6Address(host.decode("ascii", "replace")):
-        host = b"[" + host + b"]"
-    if (scheme, port) in ((b"http", 80), (b"https", 443)):
-        return host
-    return b"%b:%d" % (host, port)
-
-
-class _NoCookies(CookieJar):
-    """
-    treq's cookie jar, made to keep and send none: one relay serves many
-    clients, and a cookie an upstream sets for one must never reach another.
-    (A client's own ``Cookie`` header passes through like any end-to-end
-    header, and an upstream's ``Set-Cookie`` reaches the client that asked.)
-    """
-
-    def set_cookie(self, cookie) -> None:
-        pass
-
-    def set_cookie_if_ok(self, cookie, request) -> None:
-        pass
-
-    def extract_cookies(self, response, request) -> None:
-        pass
-
-    def make_cookies(self, response, request) -> list:
-        return []
-
-    def add_cookie_header(self, request) -> None:
-        pass
-
-
-class _PreparedURL(EncodedURL):
-    """
-    An upstream URL treq takes as it is: made into a URI once (by hyperlink,
-    as treq would) and kept. treq makes every ``str`` URL into a URI again
-    on each request, IDNA-encoding even an IP address: 60-100 us of a small
-    request's CPU, for the same few paths.
-    """
-
-    _text = ""
-
-    def to_uri(self):
-        return self
-
-    def to_text(self, with_password=False):
-        return self._text
-
-
 # Prepared URLs kept, by path and query (a relay sees a few distinct ones).
 _MAX_PREPARED = 256
-
-
-# Origins (``scheme://host:port``) whose pool key, endpoint and ``Host``
-# value the agent keeps; a relay talks to one upstream, a few at most.
-_MAX_ORIGINS = 64
-
-
-@implementer(IAgent)
-class _PooledAgent:
-    """
-    The agent under treq: each request goes to the relay's connection pool
-    and is written in one send (``_twisted.one_send_request``), without
-    Twisted's ``Agent``'s per-request URL parsing, endpoint and body-producer
-    Deferreds. Where that path is off, Twisted's ``Agent`` over the same pool
-    and endpoints sends it.
-
-    The relay never asks for compression: it must read the bytes it relays,
-    and an uncompressed stream is never held back by a compressor. treq adds
-    ``Accept-Encoding: gzip`` (its ``ContentDecoderAgent``) to every request;
-    it is removed here. Should an upstream compress anyway, treq's decoder
-    still decodes each read as it comes.
-    """
-
-    def __init__(self, reactor, pool, endpoints):
-        self._pool = pool
-        self._endpoints = endpoints
-        self._origins: dict[bytes, tuple] = {}
-        self._agent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
-
-    def request(self, method, uri, headers=None, bodyProducer=None):
-        if headers is None:
-            headers = Headers()
-        headers.removeHeader(b"accept-encoding")
-        try:
-            slash = uri.find(b"/", uri.find(b"://") + 3)
-            origin, target = (uri, b"/") if slash < 0 else (uri[:slash], uri[slash:])
-            route = self._origins.get(origin)
-            if route is None:
-                route = self._route(origin)
-            key, endpoint, host = route
-            if bodyProducer is None:
-                body = None
-            elif isinstance(bodyProducer, _BytesProducer):
-                body = bodyProducer.body
-            else:
-                return self._agent.request(method, uri, headers, bodyProducer)
-            # A fragment is the client's own business, never sent (nor by Twisted's Agent).
-            request = _twisted.one_send_request(method, target.partition(b"#")[0], headers, body, host)
-        except (ValueError, SchemeNotSupported):
-            return fail()
-        if request is None:
-            return self._agent.request(method, uri, headers, bodyProducer)
-        d = self._pool.getConnection(key, endpoint)
-        d.addCallback(lambda connection: connection.request(request))
-        return d
-
-    def _route(self, origin: bytes) -> tuple:
-        parsed = URI.fromBytes(origin)
-        route = (
-            (parsed.scheme, parsed.host, parsed.port),
-            self._endpoints.endpointForURI(parsed),
-            _host_value(parsed.scheme, parsed.host, parsed.port),
-        )
-        if len(self._origins) >= _MAX_ORIGINS:
-            self._origins.clear()
-        self._origins[origin] = route
-        return route
 
 
 class UpstreamClient:
@@ -499,7 +184,7 @@ class UpstreamClient:
         self._reactor = reactor
         self.base_url = base_url
         self.response_timeout = response_timeout
-        self._pool = _twisted.connection_pool(reactor)
+        self._pool = _twisted.connection_pool(reactor, CoalescingChunkedDecoder)
         self._pool.maxPersistentPerHost = max_connections
         # An idle upstream connection is kept for a while, but not for
         # as long as a typical load balancer keeps it (often 60 s):
@@ -507,11 +192,11 @@ class UpstreamClient:
         self._pool.cachedConnectionTimeout = 50
         if endpoint_factory is None:
             endpoint_factory = UpstreamEndpoints(reactor, connect_timeout)
-        self._no_cookies = _NoCookies()
+        self._no_cookies = NoCookies()
         self._http = HTTPClient(
-            _PooledAgent(reactor, self._pool, endpoint_factory),
+            PooledAgent(reactor, self._pool, endpoint_factory),
             cookiejar=self._no_cookies,
-            data_to_body_producer=_BytesProducer,
+            data_to_body_producer=BytesProducer,
         )
 
     @property
@@ -524,7 +209,7 @@ class UpstreamClient:
         self._base_url = value.rstrip("/") if value else value
         self.display_url = display_url(self._base_url) if value else value
         self._checked = False
-        self._prepared: dict[str, _PreparedURL] = {}
+        self._prepared: dict[str, PreparedURL] = {}
 
     def url_for(self, path_and_query: str) -> str:
         """The upstream URL for a client's path and query string."""
@@ -538,12 +223,12 @@ class UpstreamClient:
             self._checked = True
         return self._base_url + path_and_query
 
-    def _prepared_url(self, path_and_query: str) -> _PreparedURL:
+    def _prepared_url(self, path_and_query: str) -> PreparedURL:
         """The upstream URL for ``path_and_query`` as a URI, made once per path."""
         url = self._prepared.get(path_and_query)
         if url is None:
             text = EncodedURL.from_text(self.url_for(path_and_query)).to_uri().to_text()
-            url = _PreparedURL.from_text(text)
+            url = PreparedURL.from_text(text)
             url._text = text
             if len(self._prepared) >= _MAX_PREPARED:
                 self._prepared.clear()
