@@ -1,5 +1,7 @@
 """
-Test helpers: the relay wired in memory, and bodies of Messages requests.
+Test helpers: the relay wired in memory, the relay served on 127.0.0.1 as
+``twistd relay`` builds it (:func:`serve_relay`), and bodies of Messages
+requests.
 
 The in-memory relay is the production stack with its sockets in memory: the
 relay's own ``RelaySite`` serves its Klein resource, its own
@@ -17,8 +19,10 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import ujson
+from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import fail, succeed
 from twisted.internet.error import ConnectionRefusedError
@@ -32,6 +36,7 @@ from zope.interface import implementer
 
 from twisted_relay.app import RelayApp
 from twisted_relay.config import RelayConfig
+from twisted_relay.service import Relay, StartupError
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient, UpstreamClients, _BytesProducer
 
@@ -233,3 +238,77 @@ class InMemoryRelay:
     def get(self, path: str, headers=None):
         """Start a GET; the returned Deferred fires after :meth:`flush`."""
         return self.stub.request("GET", "http://relay.test" + path, headers=headers or {})
+
+
+@dataclass(frozen=True)
+class ServedRelay:
+    """
+    A relay serving on 127.0.0.1, built and started as ``twistd relay``
+    builds and starts it.
+
+    :ivar relay: the :class:`twisted_relay.service.Relay` (its ``app``,
+        ``metrics``, ``dumps``, ``clients``, ``service``...).
+    :ivar port: the TCP port it listens on.
+    :ivar site: the site its listener serves (the one production builds).
+    """
+
+    relay: Relay
+    port: int
+    site: RelaySite
+
+    @property
+    def url(self) -> str:
+        """The relay's base URL, ``http://127.0.0.1:PORT``."""
+        return "http://127.0.0.1:%d" % (self.port,)
+
+
+def serve_relay(testcase, config: RelayConfig, reactor=None) -> ServedRelay:
+    """
+    Serve the relay of ``config`` on 127.0.0.1 the way ``twistd relay`` does:
+    the public :class:`~twisted_relay.service.Relay` built from ``config``
+    with its ``listen`` replaced by one free port on 127.0.0.1 (so the same
+    ``RelaySite`` and the same services as production), its service started
+    (privileged start, then start), and stopped, with its drain, at the
+    test's cleanup unless the test stopped it already.
+    """
+    if reactor is None:
+        from twisted.internet import reactor
+    for attempt in range(5):
+        port = free_port()
+        relay = Relay(config.with_changes(listen=("tcp:%d:interface=127.0.0.1" % (port,),)), reactor)
+        try:
+            relay.service.privilegedStartService()
+            relay.service.startService()
+        except StartupError:
+            # Someone else took the port between the probe and the listen.
+            if attempt == 4:
+                raise
+            continue
+        break
+    testcase.addCleanup(lambda: relay.service.stopService() if relay.service.running else None)
+    (site,) = [service.factory for service in relay.service if isinstance(service, StreamServerEndpointService)]
+    return ServedRelay(relay, port, site)
+
+
+def serve_relay_over_simulated(testcase, mode: str = "lenient", **settings) -> ServedRelay:
+    """
+    A :class:`~twisted_relay.simulated.SimulatedUpstream` of ``mode`` served
+    on 127.0.0.1 by a plain ``Site``, and the relay in front of it
+    (:func:`serve_relay`, no dumps, ``settings`` changed); both stopped at
+    the test's cleanup.
+    """
+    from twisted.internet import reactor
+
+    from twisted_relay.simulated import SimulatedUpstream
+
+    upstream = reactor.listenTCP(0, Site(SimulatedUpstream(mode=mode).resource()), interface="127.0.0.1")
+    testcase.addCleanup(upstream.stopListening)
+    url = "http://127.0.0.1:%d" % (upstream.getHost().port,)
+    return serve_relay(testcase, RelayConfig(listen=(), upstream=url, dump_dir=None).with_changes(**settings), reactor)
+
+
+def readme() -> str:
+    """The project's README, its lines joined (sentences wrap)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        return " ".join(f.read().split())

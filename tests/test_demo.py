@@ -174,13 +174,11 @@ class SessionTests(_SessionCase):
         reaches the client, and each reused id arrives renamed X-2.
         """
         from twisted_relay.config import RelayConfig
-        from twisted_relay.service import Relay, RelaySite
+
+        from tests.helpers import serve_relay
 
         _, upstream = self.serve(mode="strict", reuse_every=3)
-        relay = Relay(RelayConfig(listen=(), upstream=upstream, dump_dir=None), reactor)
-        relay.service.startService()
-        self.addCleanup(relay.service.stopService)
-        base_url = self.listen(RelaySite(relay.resource()))
+        base_url = serve_relay(self, RelayConfig(listen=(), upstream=upstream, dump_dir=None), reactor).url
         report = await run_session(reactor, self.options(base_url, "--turns", "30"), io.StringIO())
         self.assertTrue(report.ok, report.failures)
         self.assertEqual(report.duplicates, [])

@@ -2,7 +2,9 @@
 Tests for the drain a load balancer can see: on stop, ``/ready`` says 503 at
 once while the relay goes on accepting for ``drain_delay`` seconds; requests
 on connections kept alive are served, each with ``Connection: close``; the
-requests in flight finish; then the relay stops accepting.
+requests in flight finish; then the relay stops accepting. ``/ready`` is 200
+while the relay takes requests; an error answer during a drain still says
+``Connection: close``; the grace period bounds a client that stopped reading.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 import socket
 import time
 
+import treq
+import ujson
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -22,7 +26,9 @@ from twisted_relay.config import RelayConfig
 from twisted_relay.service import Relay
 from twisted_relay.tap import Options
 
-from .helpers import encode, free_port, messages_body
+from .faulty_upstream import RawBytes, Stream, parse_response, sse_events
+from .helpers import encode, messages_body, serve_relay, serve_relay_over_simulated
+from .test_faults import FaultTestCase, wait_for
 
 
 class _Connection:
@@ -68,19 +74,16 @@ class DrainTests(TestCase):
     timeout = 30
 
     def start(self, drain_delay: float) -> Relay:
-        self.port = free_port()
         config = RelayConfig(
-            listen=("tcp:%d:interface=127.0.0.1" % (self.port,),),
             simulate="strict",
             simulate_options={"event_delay": 0.02},
             dump_dir=None,
             drain_delay=drain_delay,
             shutdown_grace=10,
         )
-        relay = Relay(config, reactor)
-        relay.service.startService()
-        self.addCleanup(lambda: relay.service.running and relay.service.stopService())
-        return relay
+        served = serve_relay(self, config, reactor)
+        self.port = served.port
+        return served.relay
 
     def call(self, f, *args):
         return deferToThread(f, *args)
@@ -186,3 +189,82 @@ class DrainOptionTests(SynchronousTestCase):
         for bad in ("-1", "soon"):
             with self.assertRaises(usage.UsageError):
                 Options().parseOptions(["--drain-delay", bad])
+
+
+class ReadyTests(TestCase):
+    """``/ready`` while the relay takes requests, on real sockets."""
+
+    def serve(self, **settings):
+        served = serve_relay_over_simulated(self, "lenient", **settings)
+        return served.port, served.relay
+
+    async def test_ready(self):
+        """
+        ``GET /ready`` is 200 while the relay takes requests.
+        """
+        port, _ = self.serve()
+        response = await treq.get("http://127.0.0.1:%d/ready" % (port,), persistent=False)
+        self.assertEqual(response.code, 200)
+        self.assertEqual(ujson.loads(await response.content())["status"], "ready")
+
+
+class DrainErrorAnswerTests(FaultTestCase):
+    """While the relay drains, an error answer still tells the client the connection closes."""
+
+    async def test_error_answer_keeps_connection_close(self):
+        """
+        A request on a kept-alive connection during a drain whose upstream
+        answer is cut after its headers gets the relay's 502 with
+        ``Connection: close`` (the drain's), and the connection closes.
+        """
+        self.start_relay()
+        self.relay.app.begin_draining()
+        self.upstream.script(
+            RawBytes(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+                b"X-Upstream: yes\r\n\r\n{\"type\":"
+            )
+        )
+        body = encode(messages_body(tools=False))
+        client = self.raw(
+            b"POST /v1/messages HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        response = parse_response(await client.done)
+        self.assertEqual(response.status, 502, response.body)
+        self.assertEqual(ujson.loads(response.body)["type"], "error")
+        self.assertEqual(response.header(b"connection"), b"close")
+        self.assertIsNone(response.header(b"x-upstream"))
+        self.assertIsNotNone(response.header(b"x-relay-request-id"))
+        await self.assert_clean()
+
+
+class DrainDeadlineTests(FaultTestCase):
+    """The shutdown grace bounds how long a client that stopped reading keeps its connection."""
+
+    async def test_stalled_reader_cut_at_the_deadline(self):
+        """
+        A streaming client that stops reading while megabytes are still to
+        come, its connection's buffers full: when the drain's grace is over
+        the relay drops the connection at once (its unsent bytes with it),
+        the request ends and nothing is left open.
+        """
+        self.start_relay()
+        text = "x" * (256 * 1024)
+        delta = b"event: content_block_delta\ndata: " + ujson.dumps(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+        ).encode("ascii") + b"\n\n"
+        # About 12 MB: more than the socket buffers on both sides hold.
+        self.upstream.script(Stream([(0.0, event) for event in sse_events()[:2] + [delta] * 48], end="hang"))
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.addCleanup(stalled.close)
+        stalled.connect(("127.0.0.1", self.relay_port))
+        stalled.sendall(self.raw_post())
+        await wait_for(lambda: self.relay.app.in_flight == 1)
+        (request,) = self.relay.app._active
+        await wait_for(lambda: request.channel.transport.producerPaused)
+        await self.relay.app.drain(0.2)
+        await wait_for(lambda: self.relay.app.in_flight == 0, timeout=2)
+        stalled.close()
+        await self.assert_clean()

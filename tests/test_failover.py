@@ -7,7 +7,8 @@ Route matching and model renames on real requests; each failover trigger
 (a refused connection, a reset, no headers in time, 5xx, 529, 429) and each
 non-trigger (a 400, anything after the first byte); key rotation and
 resting; the circuit breaker opening, probing and closing; the answer when
-every target fails; and ``x-relay-upstream`` on every answer.
+every target fails; and ``x-relay-upstream`` on every answer. How the wait
+an upstream asks for (``retry-after``) is read.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import ujson
 from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.http_headers import Headers
 
+from twisted_relay.app import _retry_after
 from twisted_relay.config import RelayConfig, Route, Target, Upstream
-from twisted_relay.service import Relay, RelaySite
 
 from tests.faulty_upstream import (
     Answer,
@@ -32,7 +34,7 @@ from tests.faulty_upstream import (
     error_answer,
     message_json,
 )
-from tests.helpers import encode, messages_body
+from tests.helpers import encode, messages_body, serve_relay
 
 FAST = dict(
     connect_timeout=1.0,
@@ -56,12 +58,9 @@ class RelayOverUpstreams:
 
     def start_relay(self, upstreams, routes=(), **settings) -> str:
         config = RelayConfig(upstreams=tuple(upstreams), routes=tuple(routes), **dict(FAST, **settings))
-        self.relay = Relay(config, reactor)
-        self.relay.service.startService()
-        self.addCleanup(self.relay.service.stopService)
-        port = reactor.listenTCP(0, RelaySite(self.relay.resource()), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        self.base = "http://127.0.0.1:%d" % (port.getHost().port,)
+        served = serve_relay(self, config, reactor)
+        self.relay = served.relay
+        self.base = served.url
         return self.base
 
     def upstream(self) -> tuple[FaultyUpstream, str]:
@@ -450,12 +449,9 @@ class ReloadOnRequestPathTests(RelayOverUpstreams, TestCase):
         self.write(path, old_url, second_url)
         options = Options()
         options.parseOptions(["--config", path.path])
-        self.relay = Relay(options.config, reactor)
-        self.relay.service.startService()
-        self.addCleanup(self.relay.service.stopService)
-        port = reactor.listenTCP(0, RelaySite(self.relay.resource()), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        self.base = "http://127.0.0.1:%d" % (port.getHost().port,)
+        served = serve_relay(self, options.config, reactor)
+        self.relay = served.relay
+        self.base = served.url
         second_client = self.relay.clients["second"]
 
         in_flight = ensureDeferred(self.post(messages_body(stream=True)))
@@ -498,3 +494,20 @@ class StreamErrorEventTests(RelayOverUpstreams, TestCase):
         self.assertIn(b"overloaded_error", body)
         self.assertEqual(self.relay.router.state("first"), "open")
         self.assertEqual(self.b.received, [])
+
+
+class RetryAfterTests(SynchronousTestCase):
+    """
+    The wait an upstream asks for is read from ``retry-after-ms`` or
+    ``retry-after``, in seconds or as a date.
+    """
+
+    def test_forms(self):
+        """
+        Milliseconds win; seconds and HTTP dates are read; garbage is ignored.
+        """
+        self.assertEqual(_retry_after(Headers({b"retry-after-ms": [b"1500"], b"retry-after": [b"9"]})), 1.5)
+        self.assertEqual(_retry_after(Headers({b"retry-after": [b"3"]})), 3.0)
+        self.assertEqual(_retry_after(Headers({b"retry-after": [b"Thu, 01 Jan 1970 00:00:00 GMT"]})), 0.0)
+        self.assertIsNone(_retry_after(Headers({b"retry-after": [b"soon"]})))
+        self.assertIsNone(_retry_after(Headers()))

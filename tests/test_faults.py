@@ -1,7 +1,8 @@
 """
 Fault injection on real sockets on 127.0.0.1: the relay in front of an
 upstream that fails on purpose (:mod:`tests.faulty_upstream`), and clients
-that misbehave.
+that misbehave; and upstream streams that end without the blank line after
+their last event, as recorded ones do.
 
 Every test asserts what the client receives (status, Anthropic error type,
 or an SSE ``error`` event and a clean end) and that nothing is left open
@@ -24,11 +25,12 @@ from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.protocol import ClientFactory
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import TestCase
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed
 
 from twisted_relay.config import RelayConfig
-from twisted_relay.service import Relay, RelaySite
+from twisted_relay.service import Relay
 
 from tests.faulty_upstream import (
     Answer,
@@ -51,7 +53,12 @@ from tests.faulty_upstream import (
     trickle,
     truncated_mid_event,
 )
-from tests.helpers import encode, messages_body
+from tests.helpers import encode, messages_body, serve_relay
+
+try:
+    import anthropic
+except ImportError:  # pragma: no cover - the test extra installs it
+    anthropic = None
 
 #: Short limits, so that every fault shows within a second or two.
 FAST = dict(
@@ -182,28 +189,19 @@ class FaultTestCase(TestCase):
         self.pool = HTTPConnectionPool(reactor, persistent=False)
         self.http = HTTPClient(Agent(reactor, pool=self.pool))
         self.relays = []
-        self.ports = []
         self.raw_clients = []
         self.addCleanup(lambda: ensureDeferred(self.stop_all()))
 
     def start_relay(self, upstream_url: str | None = None, **settings) -> Relay:
         """Start a relay on 127.0.0.1 in front of the faulty upstream (or ``upstream_url``)."""
         config = RelayConfig(listen=(), upstream=upstream_url or self.upstream_url, dump_dir=None)
-        config = config.with_changes(**{**FAST, **settings})
-        relay = Relay(config, reactor)
-        relay.service.startService()
-        site = RelaySite(
-            relay.resource(), max_body=config.max_body, request_read_timeout=config.request_read_timeout or None,
-            max_bodies_in_flight=config.max_bodies_in_flight,
-        )
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.relays.append(relay)
-        self.ports.append(port)
-        self.relay = relay
-        self.relay_port = port.getHost().port
-        self.relay_url = "http://127.0.0.1:%d" % (self.relay_port,)
-        self.site = site
-        return relay
+        served = serve_relay(self, config.with_changes(**{**FAST, **settings}), reactor)
+        self.relays.append(served.relay)
+        self.relay = served.relay
+        self.relay_port = served.port
+        self.relay_url = served.url
+        self.site = served.site
+        return served.relay
 
     def post(self, body=None, headers=None, path="/v1/messages"):
         """POST a Messages body to the relay; fires with the unbuffered response."""
@@ -289,16 +287,13 @@ class FaultTestCase(TestCase):
         self.assertEqual(open_fds(), self.fds_before)
 
     async def stop_all(self) -> None:
-        """Stop relays, listeners, clients and the upstream; safe to call twice."""
+        """Stop relays (and their listeners), clients and the upstream; safe to call twice."""
         for client in self.raw_clients:
             if client.transport is not None and client.closed_at is None:
                 client.abort()
         for relay in self.relays:
             if relay.service.running:
                 await relay.service.stopService()
-        for port in self.ports:
-            await port.stopListening()
-        self.ports = []
         await self.pool.closeCachedConnections()
         await self.upstream.stop()
         for client in self.raw_clients:
@@ -390,6 +385,16 @@ class UnreachableUpstreamTests(FaultTestCase):
         """The status and body of a response."""
         response = await response_d
         return response.code, await treq.content(response)
+
+    async def test_refused_connection_message(self):
+        """A refused upstream connection is one sentence with one final period."""
+        self.start_relay(await closed_port_url(reactor))
+        body = await self.error_of(await self.post(), 502, "api_error")
+        message = body["error"]["message"]
+        self.assertIn("refused", message)
+        self.assertNotIn("..", message)
+        self.assertTrue(message.endswith("."), message)
+        await self.stop_all()
 
 
 class StreamFaultTests(FaultTestCase):
@@ -988,11 +993,12 @@ class ShutdownTests(FaultTestCase):
     async def test_stream_finishes_within_grace(self):
         """
         A stream in flight when the relay is told to stop completes; while
-        it drains, ``/ready`` says 503, and a new request on a connection
-        kept alive is served with ``Connection: close`` (a load balancer does
-        not resend a refused POST); the stop completes when the stream ends.
+        it drains (still accepting for its drain delay), ``/ready`` says
+        503, and a new request is served with ``Connection: close`` (a load
+        balancer does not resend a refused POST); the stop completes when
+        the stream ends.
         """
-        self.start_relay(shutdown_grace=3.0)
+        self.start_relay(shutdown_grace=3.0, drain_delay=1.0)
         stream = complete_stream(deltas=10, delay=0.05)
         self.upstream.script(stream)
         response = await self.stream()
@@ -1027,4 +1033,61 @@ class ShutdownTests(FaultTestCase):
         with self.assertRaises(ResponseFailed):
             await treq.content(response)
         await wait_for(lambda: self.upstream.received[0].outcome == "lost", timeout=1)
+        await self.assert_clean()
+
+
+#: Streams recorded in Anthropic's SDK repositories that end without the blank line after their last event.
+RECORDED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "recorded-sse")
+
+
+def _sdk_final_message(base_url: str) -> dict:
+    """Stream one request with the official SDK; the message it accumulated. Runs in a thread."""
+    with anthropic.Anthropic(base_url=base_url, api_key="sk-test-sdk", max_retries=0, timeout=30) as client:
+        with client.messages.stream(
+            model="claude-sonnet-4-5", max_tokens=64, messages=[{"role": "user", "content": "Hi"}]
+        ) as stream:
+            for _ in stream:
+                pass
+            return stream.get_final_message().model_dump(mode="json", warnings=False)
+
+
+class UnterminatedLastEventTests(FaultTestCase):
+    """A stream whose last event lacks its blank line, then ends cleanly, reaches the client whole."""
+
+    async def test_recorded_streams_through_the_sdk(self):
+        """
+        Each recorded stream that ends without its blank line, served in
+        97-byte pieces with a proper end of body: the official SDK
+        accumulates the same message through the relay as directly, and the
+        relay's stream ends with that last event, terminated.
+        """
+        if anthropic is None:
+            raise SkipTest("the anthropic SDK is not installed")
+        names = sorted(name for name in os.listdir(RECORDED) if not name.endswith(".md"))
+        self.assertGreaterEqual(len(names), 6)
+        self.start_relay()
+        for name in names:
+            with open(os.path.join(RECORDED, name), "rb") as f:
+                recorded = f.read()
+            self.assertFalse(recorded.endswith(b"\n\n"), name)
+            pieces = [(0.0, recorded[at:at + 97]) for at in range(0, len(recorded), 97)]
+            self.upstream.script(Stream(pieces), Stream(pieces))
+            direct = await deferToThread(_sdk_final_message, self.upstream_url)
+            relayed = await deferToThread(_sdk_final_message, self.relay_url)
+            self.assertEqual(relayed, direct, name)
+        self.upstream.script(Stream([(0.0, recorded)]))
+        response = await self.stream()
+        body = await treq.content(response)
+        self.assertTrue(body.endswith(b'data: {"type":"message_stop"}\n\n'), body[-80:])
+        self.assertNotIn(b"event: error", body)
+        await self.assert_clean()
+
+    async def test_cut_event_still_an_error(self):
+        """A clean end of body after half an event's JSON is still a cut stream: an SSE ``error`` event."""
+        self.start_relay()
+        events = sse_events()
+        half = events[-1][: len(events[-1]) // 2 + 5].rstrip(b"\n")
+        self.upstream.script(Stream([(0.0, event) for event in events[:-1]] + [(0.0, half)]))
+        _, payload = await self.stream_error_of(await self.stream(), "api_error")
+        self.assertIn("middle of an event", payload["error"]["message"])
         await self.assert_clean()

@@ -1,6 +1,7 @@
 """
 Tests of what is about the network, on real sockets on 127.0.0.1: streaming
-is incremental, flow control reaches the upstream, unreachable upstreams.
+is incremental (whole events pass, only the event still arriving is held),
+flow control reaches the upstream, unreachable upstreams.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from zope.interface import implementer
 from twisted.internet.interfaces import IPushProducer
 
 from twisted_relay.config import RelayConfig
-from twisted_relay.service import Relay, RelaySite
 
-from tests.helpers import encode, messages_body
+from tests.faulty_upstream import Stream, parse_response, sse_events
+from tests.helpers import encode, messages_body, readme, serve_relay
+from tests.test_faults import FaultTestCase, sleep
 
 MESSAGE_START = (
     b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
@@ -164,12 +166,7 @@ class NetworkTestMixin:
 
     def start_relay(self, upstream_url: str, **settings) -> str:
         config = RelayConfig(listen=(), upstream=upstream_url, dump_dir=None)
-        relay = Relay(config.with_changes(**settings), reactor)
-        relay.service.startService()
-        self.addCleanup(relay.service.stopService)
-        port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        return "http://127.0.0.1:%d" % (port.getHost().port,)
+        return serve_relay(self, config.with_changes(**settings), reactor).url
 
 
 class IncrementalStreamingTests(NetworkTestMixin, TestCase):
@@ -325,3 +322,32 @@ class UnreachableUpstreamTests(NetworkTestMixin, TestCase):
         body = ujson.loads(await response.content())
         self.assertEqual(body["error"]["type"], "api_error")
         self.assertIn(dead_url, body["error"]["message"])
+
+
+class EventHoldingTests(FaultTestCase):
+    """What the README says of buffering is what the relay does: it holds the event still arriving, no more."""
+
+    async def test_half_event_held_whole_events_passed(self):
+        """
+        Whole events reach the client while the next one is still arriving;
+        the half-arrived event does not, until its blank line comes. The
+        README says so, and no longer says "without buffering".
+        """
+        text = readme()
+        self.assertNotIn("without buffering", text)
+        self.assertIn("holds only the event still arriving, until its blank line (at most one event", text)
+        events = sse_events()
+        half = len(events[3]) // 2
+        self.upstream.script(
+            Stream([(0.0, b"".join(events[:3])), (0.0, events[3][:half]), (2.0, events[3][half:])]
+                   + [(0.0, event) for event in events[4:]])
+        )
+        self.start_relay(idle_timeout=5.0)
+        client = self.raw(self.raw_post())
+        await wait_for(lambda: events[2] in bytes(client.received), timeout=1.5)
+        await sleep(0.3)
+        self.assertEqual(parse_response(bytes(client.received)).body, b"".join(events[:3]))
+        response = parse_response(await client.done)
+        self.assertEqual(response.status, 200)
+        self.assertIn(events[3], response.body)
+        await self.assert_clean()

@@ -1,31 +1,33 @@
 """
 The relay writes a dump of every upstream 4xx, with every field, no key,
-and without making anyone wait for it: on real sockets on 127.0.0.1.
+and without making anyone wait for it: on real sockets on 127.0.0.1. The
+grep docs/dumps.md gives finds what it says.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import threading
 
 import treq
 import ujson
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
-from twisted_relay.app import RelayApp
+from twisted_relay import dumps
+from twisted_relay.dumps import DumpRequest, build_dump, render_dump, write_once
 from twisted_relay.config import RelayConfig
-from twisted_relay.dumps import DumpWriter
 from twisted_relay.simulated import SimulatedUpstream
-from twisted_relay.site import RelaySite
-from twisted_relay.upstream import UpstreamClient
 
-from tests.helpers import encode, messages_body
-from tests.test_dumps import GatedDumpWriter, every_file
+from tests.helpers import encode, messages_body, serve_relay
+from tests.test_dumps import SETTINGS, every_file, exchange
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIENT_KEY = "sk-ant-api03-client-key-that-must-never-be-written-0123456789"
 UPSTREAM_KEY = "sk-upstream-secret-0123456789abcdef"
 
@@ -60,34 +62,31 @@ class RelayDumpTests(TestCase):
     Every 4xx the upstream returns leaves exactly one complete dump.
     """
 
-    def start(self, upstream_resource, writer_class=DumpWriter, **settings):
+    def start(self, upstream_resource, **settings):
         port = reactor.listenTCP(0, Site(upstream_resource), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         upstream_url = "http://127.0.0.1:%d" % (port.getHost().port,)
         self.dump_dir = self.mktemp()
         config = RelayConfig(listen=(), upstream=upstream_url, dump_dir=self.dump_dir).with_changes(**settings)
-        writer = writer_class(
-            self.dump_dir,
-            reactor=reactor,
-            secrets=config.secrets(),
-            settings={"version": "test", "upstream": upstream_url, "upstream_ids": config.upstream_ids},
-        )
-        writer.startService()
-        self.writer = writer
-        client = UpstreamClient(reactor, upstream_url)
-        self.addCleanup(client.close)
-        app = RelayApp(config, client, reactor=reactor, dumps=writer)
-        relay_port = reactor.listenTCP(0, RelaySite(app.resource()), interface="127.0.0.1")
-        self.addCleanup(relay_port.stopListening)
+        served = serve_relay(self, config, reactor)
+        self.writer = served.relay.dumps
+        return served.url
 
-        def stop_writer():
-            gate = getattr(writer, "gate", None)
-            if gate is not None:
-                gate.set()
-            return writer.stopService()
+    def slow_disk(self) -> threading.Event:
+        """
+        Make every dump's write wait until the returned gate is set: a slow
+        disk (the gate opens at the test's cleanup at the latest).
+        """
+        gate = threading.Event()
+        write_once = dumps.write_once
 
-        self.addCleanup(stop_writer)
-        return "http://127.0.0.1:%d" % (relay_port.getHost().port,)
+        def slow_write_once(*args, **kwargs):
+            gate.wait(30)
+            return write_once(*args, **kwargs)
+
+        self.patch(dumps, "write_once", slow_write_once)
+        self.addCleanup(gate.set)
+        return gate
 
     async def post(self, base, body, **headers):
         all_headers = {
@@ -170,9 +169,8 @@ class RelayDumpTests(TestCase):
         While a dump waits on a slow disk, the refused client already has
         its answer and other clients are answered as usual.
         """
-        base = self.start(
-            SimulatedUpstream(mode="strict", seed=1).resource(), GatedDumpWriter, upstream_ids="original"
-        )
+        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource(), upstream_ids="original")
+        gate = self.slow_disk()
         code, _ = await self.post(base, messages_body(HISTORY))
         self.assertEqual(code, 400)
         for _ in range(5):
@@ -180,7 +178,7 @@ class RelayDumpTests(TestCase):
             self.assertEqual(code, 200)
             self.assertEqual(ujson.loads(answer)["type"], "message")
         self.assertEqual(self.writer.written, 0)
-        self.writer.gate.set()
+        gate.set()
         await self.writer.drain()
         self.assertEqual(self.writer.written, 1)
         await deferLater(reactor, 0, lambda: None)
@@ -216,3 +214,33 @@ class ThreadDumpTests(TestCase):
         self.assertIn("toolu_nope", client)
         self.assertIn("get_weather", client)
         self.assertNotIn('"thread"', client)
+
+
+class DocumentedGrepTests(SynchronousTestCase):
+    """The grep docs/dumps.md gives finds the dumps it says it finds."""
+
+    def mktemp_dir(self) -> str:
+        path = self.mktemp()
+        os.makedirs(path)
+        return path
+
+    def test_documented_duplicate_grep(self):
+        """
+        The grep that docs/dumps.md gives for refusals about duplicate ids
+        finds a dump of Anthropic's own wording and of the other backends'.
+        """
+        with open(os.path.join(ROOT, "docs", "dumps.md"), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        at = next(n for n, line in enumerate(lines) if line.startswith("# Every refusal that complained about a duplicate"))
+        command = next(line for line in lines[at:] if line.startswith("grep"))
+        folder = self.mktemp_dir()
+        for message in ("messages.3.content.0: `tool_use` ids must be unique", "duplicate tool_call id toolu_001",
+                        "max_tokens: Field required"):
+            error = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+            request = DumpRequest(**exchange(response_body=ujson.dumps(error).encode()))
+            data = render_dump(build_dump(request, SETTINGS), [], 64 * 1024 * 1024)
+            write_once(os.path.join(folder, "relay-dumps"), request.received_at, request.relay_request_id, data)
+        done = subprocess.run(["sh", "-c", command], cwd=folder, capture_output=True, timeout=30, check=False)
+        self.assertIn(b"must be unique", done.stdout)
+        self.assertIn(b"duplicate tool_call id", done.stdout)
+        self.assertNotIn(b"Field required", done.stdout)

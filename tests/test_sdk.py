@@ -14,10 +14,9 @@ from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.server import Site
 
 from twisted_relay.config import RelayConfig
-from twisted_relay.service import Relay, RelaySite
 from twisted_relay.simulated import SimulatedUpstream
 
-from tests.helpers import TOOLS
+from tests.helpers import TOOLS, serve_relay
 
 try:
     import anthropic
@@ -92,12 +91,7 @@ class SDKTestMixin:
 
     def serve_relay(self, upstream_url: str, **settings) -> str:
         config = RelayConfig(listen=(), upstream=upstream_url, dump_dir=None).with_changes(**settings)
-        relay = Relay(config, reactor)
-        relay.service.startService()
-        self.addCleanup(relay.service.stopService)
-        port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        return "http://127.0.0.1:%d" % (port.getHost().port,)
+        return serve_relay(self, config, reactor).url
 
 
 class SDKInteropTests(SDKTestMixin, TestCase):

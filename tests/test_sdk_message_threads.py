@@ -16,8 +16,10 @@ from twisted.web.server import Site
 
 from bench.threads_today import UPSTREAM_IDS, tool_runner_session
 from twisted_relay.config import RelayConfig
-from twisted_relay.service import Relay, RelaySite
+from twisted_relay.service import Relay
 from twisted_relay.simulated import SimulatedUpstream
+
+from tests.helpers import serve_relay
 
 TURNS = 200
 
@@ -31,12 +33,8 @@ class ToolRunnerThreadTests(TestCase):
         config = RelayConfig(
             listen=(), upstream=upstream, dump_dir=None, upstream_ids=UPSTREAM_IDS[mode], threads=relay_threads
         )
-        relay = Relay(config, reactor)
-        relay.service.startService()
-        self.addCleanup(relay.service.stopService)
-        port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        return "http://127.0.0.1:%d" % (port.getHost().port,), relay
+        served = serve_relay(self, config, reactor)
+        return served.url, served.relay
 
     async def through_relay(self, mode: str, threads: str, relay_threads: str = "relay") -> None:
         simulated = SimulatedUpstream(mode=mode, threads=threads, seed=1, reactor=reactor)
@@ -123,12 +121,9 @@ class StoreDownTests(TestCase):
             listen=(), upstream="http://127.0.0.1:%d" % (port.getHost().port,), dump_dir=None,
             thread_store="redis://127.0.0.1:%d" % (free_port(),),
         )
-        relay = Relay(config, reactor)
-        relay.service.startService()
-        self.addCleanup(relay.service.stopService)
-        relay_port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
-        self.addCleanup(relay_port.stopListening)
-        url = "http://127.0.0.1:%d/v1/messages" % (relay_port.getHost().port,)
+        served = serve_relay(self, config, reactor)
+        relay = served.relay
+        url = served.url + "/v1/messages"
 
         async def post(body):
             response = await treq.post(

@@ -30,10 +30,10 @@ from twisted.python.filepath import FilePath
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Site
 
+from tests.helpers import serve_relay
 from tests.test_sdk import SDKTestMixin, anthropic, sdk_client
 from twisted_relay import replay
 from twisted_relay.config import RelayConfig, Route, Target, Upstream
-from twisted_relay.service import Relay, RelaySite
 from twisted_relay.simulated import SimulatedUpstream
 from twisted_relay.simulated.model import check_id_pattern, check_shape, check_strict_ids, check_thinking
 from twisted_relay.translation import ANTHROPIC_ID_PATTERN, read_mark
@@ -148,12 +148,9 @@ class RoutedCrossingSDKTests(SDKTestMixin, TestCase):
                 Route(targets=(Target("strict"),), models=("claude-*",)),
             ),
         )
-        relay = self.relay = Relay(config, reactor)
-        relay.service.startService()
-        self.addCleanup(relay.service.stopService)
-        port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        return kimi, strict, "http://127.0.0.1:%d" % (port.getHost().port,)
+        served = serve_relay(self, config, reactor)
+        self.relay = served.relay
+        return kimi, strict, served.url
 
     def assertOnlyValid(self, sim: SimulatedUpstream, checks) -> None:
         """Every request the upstream received passes its checks again (none was refused)."""

@@ -10,15 +10,15 @@ mid-session and started again later.
 from __future__ import annotations
 
 from twisted.internet import reactor
-from twisted.internet.protocol import Factory
 from twisted.internet.threads import blockingCallFromThread, deferToThread
+from twisted.protocols.policies import WrappingFactory
 from twisted.trial.unittest import SkipTest, TestCase
+from twisted.web.server import Site
 
 from twisted_relay.config import RelayConfig, Route, Target, Upstream
-from twisted_relay.service import Relay, RelaySite
 from twisted_relay.simulated import SimulatedUpstream
 
-from tests.helpers import TOOLS
+from tests.helpers import TOOLS, serve_relay
 from tests.test_sdk import feed_back, sdk_client
 
 try:
@@ -32,46 +32,22 @@ UP_AT = 130
 SMALL_EVERY = 7
 
 
-class _TrackedFactory(Factory):
-    """A site's factory that keeps its connections, so that stopping drops them too."""
-
-    def __init__(self, site):
-        self.site = site
-        self.connections = set()
-
-    def buildProtocol(self, addr):
-        protocol = self.site.buildProtocol(addr)
-        factory, made = self, protocol.connectionMade
-        lost = protocol.connectionLost
-
-        def connection_made():
-            factory.connections.add(protocol)
-            made()
-
-        def connection_lost(reason):
-            factory.connections.discard(protocol)
-            lost(reason)
-
-        protocol.connectionMade = connection_made
-        protocol.connectionLost = connection_lost
-        return protocol
-
-
 class StoppableUpstream:
     """A simulated upstream on 127.0.0.1 that can be stopped (port closed, connections cut) and started again on its port."""
 
     def __init__(self, **options):
         self.sim = SimulatedUpstream(reactor=reactor, **options)
-        site = RelaySite(self.sim.resource())
+        site = Site(self.sim.resource())
         site.noisy = False
-        self.factory = _TrackedFactory(site)
+        # Keeps its connections, so that stopping drops them too.
+        self.factory = WrappingFactory(site)
         self.port = reactor.listenTCP(0, self.factory, interface="127.0.0.1")
         self.number = self.port.getHost().port
         self.url = "http://127.0.0.1:%d" % (self.number,)
 
     def stop(self):
         d = self.port.stopListening()
-        for protocol in list(self.factory.connections):
+        for protocol in list(self.factory.protocols):
             protocol.transport.abortConnection()
         self.port = None
         return d
@@ -145,13 +121,9 @@ class RoutedSessionTests(TestCase):
                 Route(targets=(Target("strict"), Target("kimi"))),
             ),
         )
-        relay = Relay(config, reactor)
-        relay.service.startService()
-        self.addCleanup(relay.service.stopService)
-        port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
+        served = serve_relay(self, config, reactor)
 
-        outcome = await deferToThread(run_routed_session, "http://127.0.0.1:%d" % (port.getHost().port,), strict)
+        outcome = await deferToThread(run_routed_session, served.url, strict)
 
         self.assertEqual(outcome["failures"], [])
         self.assertEqual(len(outcome["served"]), TURNS)

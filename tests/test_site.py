@@ -1,5 +1,6 @@
 """
-Tests for the relay's HTTP server side: how answers are written.
+Tests for the relay's HTTP server side: how answers are written, and how a
+request's body over ``max_body`` is kept out of memory.
 """
 
 from twisted.internet.task import Clock
@@ -121,13 +122,19 @@ class AnswerWriteTests(SynchronousTestCase):
 
     def test_write_after_finish(self):
         """Writing after the answer is finished is Twisted's error, as before."""
+        raised = []
+
         def late(request):
             request.setHeader(b"content-length", b"0")
             request.finish()
-            self.assertRaises(RuntimeError, request.write, b"late")
+            raised.append(self.assertRaises(RuntimeError, request.write, b"late"))
             return NOT_DONE_YET
 
         serve(late)
+        # The resource ran, and its late write raised (an assertion failing
+        # inside it would leave nothing here).
+        self.assertEqual(len(raised), 1)
+        self.assertIsInstance(raised[0], RuntimeError)
 
     def test_empty_answer(self):
         """An empty answer with a length sends its headers when it finishes."""
@@ -177,3 +184,54 @@ class HeaderPairsTests(SynchronousTestCase):
         value = transport.value()
         self.assertTrue(value.startswith(b"HTTP/1.1 200 OK\r\n"), value)
         self.assertNotIn(b"\r\nX-Injected", value)
+
+
+class BodyLimitTests(SynchronousTestCase):
+    """
+    The relay's request never stores a body over the site's ``max_body``.
+    """
+
+    def request(self, max_body):
+        from twisted.web.resource import Resource
+        from twisted.web.test.requesthelper import DummyChannel
+
+        from twisted_relay.site import _BodyLimitedRequest
+
+        channel = DummyChannel()
+        channel.site = RelaySite(Resource(), max_body=max_body)
+        return _BodyLimitedRequest(channel)
+
+    def test_declared_length(self):
+        """
+        A declared length over the limit marks the request and stores nothing.
+        """
+        request = self.request(1000)
+        request.gotLength(5000)
+        request.handleContentChunk(b"x" * 5000)
+        self.assertTrue(request.body_too_large)
+        self.assertEqual(request.content.getvalue(), b"")
+
+    def test_growing_body(self):
+        """
+        A body with no declared length is stored until it passes the limit,
+        then dropped.
+        """
+        request = self.request(1000)
+        request.gotLength(None)
+        request.handleContentChunk(b"x" * 600)
+        self.assertFalse(request.body_too_large)
+        request.handleContentChunk(b"x" * 600)
+        request.handleContentChunk(b"x" * 600)
+        self.assertTrue(request.body_too_large)
+        self.assertEqual(request.content.getvalue(), b"")
+
+    def test_within_limit(self):
+        """
+        A body within the limit is stored whole.
+        """
+        request = self.request(1000)
+        request.gotLength(10)
+        request.handleContentChunk(b"0123456789")
+        self.assertFalse(request.body_too_large)
+        request.content.seek(0)
+        self.assertEqual(request.content.read(), b"0123456789")

@@ -1,0 +1,119 @@
+"""
+The metrics say what the relay did (requests by route and status, ids
+rewritten, repairs), in memory; ``GET /metrics`` serves them, on real
+sockets.
+"""
+
+from __future__ import annotations
+
+import treq
+from prometheus_client import generate_latest
+from twisted.internet.testing import MemoryReactorClock
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from twisted_relay.config import RelayConfig
+from twisted_relay.simulated import SimulatedUpstream
+
+from tests.helpers import UPSTREAM_URL, InMemoryRelay, messages_body, serve_relay_over_simulated
+
+
+class MetricsTests(SynchronousTestCase):
+    """
+    The metrics say what the relay did: requests by route and status, ids
+    rewritten, repairs.
+    """
+
+    def test_rewrites_and_requests_counted(self):
+        """
+        A streamed answer whose id collides with the history is counted as a
+        rewrite, and the request as a 200 on the messages route.
+        """
+        clock = MemoryReactorClock()
+        sim = SimulatedUpstream(mode="strict", seed=2, reuse_every=1, reactor=clock)
+        relay = InMemoryRelay(
+            sim.resource(), RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None), clock=clock
+        )
+        history = [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_01AAAAAAAAAAAAAAAAAAAAAA",
+                        "name": "get_weather",
+                        "input": {},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_01AAAAAAAAAAAAAAAAAAAAAA", "content": "ok"}
+                ],
+            },
+        ]
+        d = relay.post("/v1/messages", messages_body(history, stream=True))
+        # The request reaches the relay, which sends it upstream (not answered yet).
+        relay.network.flush()
+        during = generate_latest(relay.app.metrics.registry).decode()
+        self.assertIn("relay_active_requests 1.0", during)
+        relay.flush()
+        response = self.successResultOf(d)
+        body = response.content()
+        relay.flush()
+        text = self.successResultOf(body).decode()
+        self.assertIn("toolu_01AAAAAAAAAAAAAAAAAAAAAA-2", text)
+        exposition = generate_latest(relay.app.metrics.registry).decode()
+        self.assertIn('relay_ids_rewritten_total{block_type="tool_use"} 1.0', exposition)
+        self.assertIn('relay_requests_total{route="messages",status="200"} 1.0', exposition)
+        self.assertIn("relay_active_streams 0.0", exposition)
+        self.assertIn("relay_active_requests 0.0", exposition)
+
+    def test_repairs_counted(self):
+        """
+        A raw duplicate in the client's history, repaired on the way up, is
+        counted.
+        """
+        relay = InMemoryRelay(SimulatedUpstream(mode="strict", seed=2).resource())
+        use = {"type": "tool_use", "id": "toolu_dup", "name": "get_weather", "input": {}}
+        history = [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [use]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_dup", "content": "1"}],
+            },
+            {"role": "assistant", "content": [dict(use)]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_dup", "content": "2"}],
+            },
+        ]
+        d = relay.post("/v1/messages", messages_body(history))
+        relay.flush()
+        self.assertEqual(self.successResultOf(d).code, 200)
+        exposition = generate_latest(relay.app.metrics.registry).decode()
+        self.assertIn("relay_repairs_total 1.0", exposition)
+
+
+class MetricsPageTests(TestCase):
+    """``GET /metrics`` on real sockets."""
+
+    def serve(self, **settings):
+        served = serve_relay_over_simulated(self, "lenient", **settings)
+        return served.port, served.relay
+
+    async def test_metrics_page(self):
+        """
+        ``GET /metrics`` serves Prometheus' text format; ``--no-metrics``
+        turns it off.
+        """
+        port, _ = self.serve()
+        response = await treq.get("http://127.0.0.1:%d/metrics" % (port,), persistent=False)
+        self.assertEqual(response.code, 200)
+        self.assertIn(b"relay_requests_total", await response.content())
+        port, _ = self.serve(metrics=False)
+        response = await treq.get("http://127.0.0.1:%d/metrics" % (port,), persistent=False)
+        self.assertEqual(response.code, 404)
+        await response.content()
