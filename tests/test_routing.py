@@ -78,11 +78,11 @@ class JudgeTests(SynchronousTestCase):
         over to the next target; so does 429 when no key pool can change.
         """
         for kind in ("connect", "tls", "dropped", "timeout", "failed"):
-            self.assertIs(judge(error_kind=kind), Verdict.FAILOVER, kind)
+            self.assertIs(judge(error_kind=kind).verdict, Verdict.FAILOVER, kind)
         for status in (500, 502, 503, 504, 529):
-            self.assertIs(judge(status), Verdict.FAILOVER, status)
-            self.assertIs(judge(status, pooled=True), Verdict.FAILOVER, status)
-        self.assertIs(judge(429), Verdict.FAILOVER)
+            self.assertIs(judge(status).verdict, Verdict.FAILOVER, status)
+            self.assertIs(judge(status, pooled=True).verdict, Verdict.FAILOVER, status)
+        self.assertIs(judge(429).verdict, Verdict.FAILOVER)
 
     def test_next_key(self):
         """
@@ -90,7 +90,7 @@ class JudgeTests(SynchronousTestCase):
         same upstream.
         """
         for status in (429, 401, 403):
-            self.assertIs(judge(status, pooled=True), Verdict.NEXT_KEY, status)
+            self.assertIs(judge(status, pooled=True).verdict, Verdict.NEXT_KEY, status)
 
     def test_non_triggers(self):
         """
@@ -99,12 +99,12 @@ class JudgeTests(SynchronousTestCase):
         credentials, and failures that are not the upstream's silence.
         """
         for status in (200, 201, 304, 400, 404, 405, 409, 413, 422):
-            self.assertIs(judge(status), Verdict.DELIVER, status)
-            self.assertIs(judge(status, pooled=True), Verdict.DELIVER, status)
+            self.assertIs(judge(status).verdict, Verdict.DELIVER, status)
+            self.assertIs(judge(status, pooled=True).verdict, Verdict.DELIVER, status)
         for status in (401, 403):
-            self.assertIs(judge(status), Verdict.DELIVER, status)
+            self.assertIs(judge(status).verdict, Verdict.DELIVER, status)
         for kind in ("idle", "cut", "total_timeout", "overloaded", None):
-            self.assertIs(judge(error_kind=kind), Verdict.DELIVER, kind)
+            self.assertIs(judge(error_kind=kind).verdict, Verdict.DELIVER, kind)
 
     @given(
         st.one_of(st.none(), st.integers(100, 599)),
@@ -116,12 +116,12 @@ class JudgeTests(SynchronousTestCase):
         Once a byte reached the client, every outcome is delivered: nothing
         can be taken back.
         """
-        self.assertIs(judge(status, error_kind=kind, first_byte_sent=True, pooled=pooled), Verdict.DELIVER)
+        self.assertIs(judge(status, error_kind=kind, first_byte_sent=True, pooled=pooled).verdict, Verdict.DELIVER)
 
     @given(st.integers(400, 499).filter(lambda s: s not in (401, 403, 429)), st.booleans())
     def test_other_4xx_never(self, status, pooled):
         """No 4xx but 401, 403 and 429 is ever tried again elsewhere."""
-        self.assertIs(judge(status, pooled=pooled), Verdict.DELIVER)
+        self.assertIs(judge(status, pooled=pooled).verdict, Verdict.DELIVER)
 
 
 class RouteMatchingTests(SynchronousTestCase):
