@@ -373,11 +373,16 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Tried:
-    """One attempt made, with what came of it (``529``, ``connect``...)."""
+    """
+    One attempt made, with what came of it (``529``, ``connect``...), what
+    that called for, and whether it counts as a failed attempt in the
+    metrics (:attr:`Judgement.attempt_failed`).
+    """
 
     attempt: Attempt
     outcome: str
     verdict: Verdict
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -460,7 +465,8 @@ class Plan:
         router = self._router
         now = router.now()
         health = router.health_of(attempt.upstream.name)
-        self.tried.append(Tried(attempt, str(status) if status is not None else (error_kind or "failed"), verdict))
+        outcome = str(status) if status is not None else (error_kind or "failed")
+        self.tried.append(Tried(attempt, outcome, verdict, judgement.attempt_failed))
         key = health.keys[attempt.key_index] if attempt.key_index is not None else None
         if judgement.upstream_failed:
             # Also when the answer broke once it had begun: the upstream's
