@@ -19,13 +19,14 @@ from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
 import ujson
+from twisted.internet.defer import CancelledError
 from twisted.internet.task import deferLater
 from twisted.web.http_headers import Headers
 
 from twisted_relay._json import to_json
 from twisted_relay.answer import note_repairs
 from twisted_relay.errors import RelayError
-from twisted_relay.routing import Verdict, judge
+from twisted_relay.routing import CLIENT_GONE, Verdict, judge
 from twisted_relay.translation import translate_request
 from twisted_relay.upstream import read_body, upstream_request_headers
 
@@ -88,6 +89,10 @@ class Attempts:
             metrics.labelled(metrics.upstream_requests, name).inc()
             try:
                 response, asked_wait = await self._send(context.clients[name], sent, attempt)
+            except CancelledError:
+                # The client went away (the deadline's cancel is a RelayError).
+                plan.report(attempt, error_kind=CLIENT_GONE)
+                raise
             except RelayError as e:
                 following = plan.report(attempt, error_kind=e.kind)
                 self._note(attempt, following)
