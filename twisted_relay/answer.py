@@ -32,11 +32,14 @@ __all__ = [
     "RELAY_UPSTREAM_HEADER",
     "Answer",
     "Exchange",
+    "clear_headers",
     "error_answer",
     "new_request_id",
     "note_repairs",
+    "note_rewrite",
     "stamp_request_id",
     "whole",
+    "without_keys",
 ]
 
 #: The header that carries the relay's own id for a request; dumps are named by it.

@@ -45,7 +45,16 @@ from twisted_relay.metrics import RelayMetrics
 from twisted_relay.routing import NoRoute, RequestFacts, RetryRule, Router
 from twisted_relay.upstream import UpstreamClients, path_escapes
 
-__all__ = ["COUNT_TOKENS", "MESSAGES", "MODELS", "RelayedRequest", "RequestContext", "RouteKind"]
+__all__ = [
+    "COUNT_TOKENS",
+    "MESSAGES",
+    "MODELS",
+    "RelayedRequest",
+    "RequestContext",
+    "RouteKind",
+    "method_and_path",
+    "upstream_path",
+]
 
 # What the log and the metrics call a request whose client went away.
 _CLIENT_GONE = 499
