@@ -38,7 +38,7 @@ from twisted_relay.app import RelayApp
 from twisted_relay.config import RelayConfig
 from twisted_relay.service import Relay, StartupError
 from twisted_relay.site import RelaySite
-from twisted_relay.upstream import UpstreamClient, UpstreamClients, _BytesProducer
+from twisted_relay.upstream import UpstreamClients, _BytesProducer
 
 UPSTREAM_URL = "http://upstream.test"
 TOOLS = [
@@ -183,19 +183,14 @@ class InMemoryRelay:
         self.config = config or RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None)
         self.network = MemoryNetwork(self.clock)
         self.network.listen(b"upstream.test", 80, Site(upstream_resource, reactor=self.clock))
-        if more_upstreams:
-            # Each upstream of the configuration at its own host (``http://NAME.test``), one client each.
-            for host, resource in more_upstreams.items():
-                self.network.listen(host, 80, Site(resource, reactor=self.clock))
-            self.client = UpstreamClients(self.clock, self.config, endpoint_factory=self.network)
-        else:
-            self.client = UpstreamClient(
-                self.clock,
-                UPSTREAM_URL,
-                response_timeout=self.config.response_timeout,
-                endpoint_factory=self.network,
-            )
-        self.app = RelayApp(self.config, self.client, reactor=self.clock, dumps=dumps)
+        # Each other upstream of the configuration at its own host (``http://NAME.test``).
+        for host, resource in (more_upstreams or {}).items():
+            self.network.listen(host, 80, Site(resource, reactor=self.clock))
+        # One client per upstream, as the relay's service makes them.
+        self.clients = UpstreamClients(self.clock, self.config, endpoint_factory=self.network)
+        # The first upstream's client.
+        self.client = self.clients[self.config.upstreams[0].name]
+        self.app = RelayApp(self.config, self.clients, reactor=self.clock, dumps=dumps)
         self.site = RelaySite(
             self.app.resource(),
             max_body=self.config.max_body,

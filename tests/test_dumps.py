@@ -24,6 +24,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted_relay._version import __version__
 from twisted_relay.dumps import (
     FORMAT_VERSION,
+    DumpRequest,
     DumpWriter,
     apply_retention,
     build_timeline,
@@ -217,6 +218,20 @@ class DumpFileTests(_WriterTestMixin, TestCase):
         self.assertEqual(
             dump["timeline"][48], "48 user: tool_result tool_use_id=toolu_001 (upstream toolu_001-2)"
         )
+
+    @inlineCallbacks
+    def test_one_request_object(self):
+        """
+        The relay hands the writer one L{DumpRequest}; its fields given as
+        keywords write the same file.
+        """
+        writer = self.start_writer()
+        kwargs = exchange()
+        whole = yield writer.submit(DumpRequest(**kwargs))
+        fields = yield writer.submit(**kwargs)
+        with open(whole, "rb") as a, open(fields, "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        self.assertEqual(DumpRequest(**dict(kwargs, attempts=["a (529)"])).attempts, ("a (529)",))
 
     @inlineCallbacks
     def test_file_is_greppable(self):

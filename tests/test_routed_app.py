@@ -70,7 +70,7 @@ class BreakerOnClockTests(TestCase):
         the probe fails (503) and opens it for another 30 s; the next probe
         succeeds and closes it.
         """
-        router = self.relay.app._router
+        router = self.relay.app.router
         self.assertEqual([self.served(), self.served()], ["second", "second"])
         self.assertEqual(router.state("first"), "open")
         self.relay.clock.advance(29)
@@ -97,7 +97,7 @@ class BreakerOnClockTests(TestCase):
         self.first.statuses = []
         self.relay.network.stop_listening(b"first.test", 80)
         self.assertEqual([self.served() for _ in range(4)], ["second"] * 4)
-        self.assertEqual(self.relay.app._router.state("first"), "open")
+        self.assertEqual(self.relay.app.router.state("first"), "open")
         self.relay.network.listen(b"first.test", 80, Site(self.first, reactor=self.relay.clock))
         self.assertEqual(self.served(), "second")
         self.relay.clock.advance(30)

@@ -10,10 +10,13 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from twisted_relay.config import RelayConfig, Route, Target, Upstream
 from twisted_relay.routing import (
+    CLIENT_GONE,
     FAILOVER_KINDS,
+    NO_RETRIES,
     NoRoute,
     Plan,
     RequestFacts,
+    RetryRule,
     Router,
     Verdict,
     judge,
@@ -78,11 +81,11 @@ class JudgeTests(SynchronousTestCase):
         over to the next target; so does 429 when no key pool can change.
         """
         for kind in ("connect", "tls", "dropped", "timeout", "failed"):
-            self.assertIs(judge(error_kind=kind), Verdict.FAILOVER, kind)
+            self.assertIs(judge(error_kind=kind).verdict, Verdict.FAILOVER, kind)
         for status in (500, 502, 503, 504, 529):
-            self.assertIs(judge(status), Verdict.FAILOVER, status)
-            self.assertIs(judge(status, pooled=True), Verdict.FAILOVER, status)
-        self.assertIs(judge(429), Verdict.FAILOVER)
+            self.assertIs(judge(status).verdict, Verdict.FAILOVER, status)
+            self.assertIs(judge(status, pooled=True).verdict, Verdict.FAILOVER, status)
+        self.assertIs(judge(429).verdict, Verdict.FAILOVER)
 
     def test_next_key(self):
         """
@@ -90,7 +93,7 @@ class JudgeTests(SynchronousTestCase):
         same upstream.
         """
         for status in (429, 401, 403):
-            self.assertIs(judge(status, pooled=True), Verdict.NEXT_KEY, status)
+            self.assertIs(judge(status, pooled=True).verdict, Verdict.NEXT_KEY, status)
 
     def test_non_triggers(self):
         """
@@ -99,12 +102,12 @@ class JudgeTests(SynchronousTestCase):
         credentials, and failures that are not the upstream's silence.
         """
         for status in (200, 201, 304, 400, 404, 405, 409, 413, 422):
-            self.assertIs(judge(status), Verdict.DELIVER, status)
-            self.assertIs(judge(status, pooled=True), Verdict.DELIVER, status)
+            self.assertIs(judge(status).verdict, Verdict.DELIVER, status)
+            self.assertIs(judge(status, pooled=True).verdict, Verdict.DELIVER, status)
         for status in (401, 403):
-            self.assertIs(judge(status), Verdict.DELIVER, status)
+            self.assertIs(judge(status).verdict, Verdict.DELIVER, status)
         for kind in ("idle", "cut", "total_timeout", "overloaded", None):
-            self.assertIs(judge(error_kind=kind), Verdict.DELIVER, kind)
+            self.assertIs(judge(error_kind=kind).verdict, Verdict.DELIVER, kind)
 
     @given(
         st.one_of(st.none(), st.integers(100, 599)),
@@ -116,12 +119,177 @@ class JudgeTests(SynchronousTestCase):
         Once a byte reached the client, every outcome is delivered: nothing
         can be taken back.
         """
-        self.assertIs(judge(status, error_kind=kind, first_byte_sent=True, pooled=pooled), Verdict.DELIVER)
+        self.assertIs(judge(status, error_kind=kind, first_byte_sent=True, pooled=pooled).verdict, Verdict.DELIVER)
 
     @given(st.integers(400, 499).filter(lambda s: s not in (401, 403, 429)), st.booleans())
     def test_other_4xx_never(self, status, pooled):
         """No 4xx but 401, 403 and 429 is ever tried again elsewhere."""
-        self.assertIs(judge(status, pooled=pooled), Verdict.DELIVER)
+        self.assertIs(judge(status, pooled=pooled).verdict, Verdict.DELIVER)
+
+
+# The rule's table: (outcome, judge's keywords, pooled, verdict with retries
+# left, verdict with none left, upstream_failed, attempt_failed). The two
+# flags are those of the verdict without retries (a retried send touches no
+# breaker and counts as a retry). Retries: ``--retries 2`` with the default
+# ``retry_statuses`` (429, 500, 502, 503, 504, 529) and ``max_retry_wait`` 10s.
+DELIVER, RETRY, NEXT_KEY, FAILOVER, ABANDON = (
+    Verdict.DELIVER, Verdict.RETRY, Verdict.NEXT_KEY, Verdict.FAILOVER, Verdict.ABANDON,
+)
+OUTCOMES = [
+    ("connect failure", dict(error_kind="connect"), False, RETRY, FAILOVER, True, True),
+    ("connect failure", dict(error_kind="connect"), True, RETRY, FAILOVER, True, True),
+    ("dropped before the answer", dict(error_kind="dropped"), False, RETRY, FAILOVER, True, True),
+    ("TLS failure", dict(error_kind="tls"), False, FAILOVER, FAILOVER, True, True),
+    ("timeout before headers", dict(error_kind="timeout"), False, FAILOVER, FAILOVER, True, True),
+    ("timeout before headers", dict(error_kind="timeout"), True, FAILOVER, FAILOVER, True, True),
+    ("other failure", dict(error_kind="failed"), False, FAILOVER, FAILOVER, True, True),
+    ("the request's own deadline", dict(error_kind="total_timeout"), False, DELIVER, DELIVER, False, True),
+    ("relay overloaded", dict(error_kind="overloaded"), False, DELIVER, DELIVER, True, True),
+    ("2xx", dict(status=200), False, DELIVER, DELIVER, False, False),
+    ("2xx", dict(status=200), True, DELIVER, DELIVER, False, False),
+    ("3xx", dict(status=304), False, DELIVER, DELIVER, False, False),
+    ("4xx", dict(status=400), False, DELIVER, DELIVER, False, False),
+    ("4xx", dict(status=400), True, DELIVER, DELIVER, False, False),
+    ("4xx", dict(status=404), False, DELIVER, DELIVER, False, False),
+    ("4xx", dict(status=413), True, DELIVER, DELIVER, False, False),
+    ("401 client's credentials", dict(status=401), False, DELIVER, DELIVER, False, True),
+    ("401 per key", dict(status=401), True, NEXT_KEY, NEXT_KEY, False, True),
+    ("403 client's credentials", dict(status=403), False, DELIVER, DELIVER, False, True),
+    ("403 per key", dict(status=403), True, NEXT_KEY, NEXT_KEY, False, True),
+    ("429 per target", dict(status=429), False, RETRY, FAILOVER, True, True),
+    ("429 per key", dict(status=429), True, RETRY, NEXT_KEY, False, True),
+    ("429 retry-after 5s", dict(status=429, retry_after=5.0), False, RETRY, FAILOVER, True, True),
+    ("429 retry-after 5s per key", dict(status=429, retry_after=5.0), True, RETRY, NEXT_KEY, False, True),
+    ("429 retry-after 60s", dict(status=429, retry_after=60.0), False, FAILOVER, FAILOVER, True, True),
+    ("429 retry-after 60s per key", dict(status=429, retry_after=60.0), True, NEXT_KEY, NEXT_KEY, False, True),
+    ("5xx", dict(status=500), False, RETRY, FAILOVER, True, True),
+    ("5xx", dict(status=503), True, RETRY, FAILOVER, True, True),
+    ("5xx retry-after 60s", dict(status=503, retry_after=60.0), False, FAILOVER, FAILOVER, True, True),
+    ("5xx not in retry_statuses", dict(status=501), False, FAILOVER, FAILOVER, True, True),
+    ("529", dict(status=529), False, RETRY, FAILOVER, True, True),
+    ("529", dict(status=529), True, RETRY, FAILOVER, True, True),
+    ("after the first byte: answered", dict(status=200, first_byte_sent=True), True, DELIVER, DELIVER, False, False),
+    ("after the first byte: idle", dict(error_kind="idle", first_byte_sent=True), False, DELIVER, DELIVER, True, True),
+    ("after the first byte: cut", dict(error_kind="cut", first_byte_sent=True), True, DELIVER, DELIVER, True, True),
+    (
+        "after the first byte: error event",
+        dict(error_kind="stream_error", first_byte_sent=True), False, DELIVER, DELIVER, True, True,
+    ),
+    (
+        "after the first byte: deadline",
+        dict(error_kind="total_timeout", first_byte_sent=True), False, DELIVER, DELIVER, False, True,
+    ),
+    ("after the first byte: 5xx", dict(status=503, first_byte_sent=True), False, DELIVER, DELIVER, True, True),
+    ("client gone", dict(error_kind=CLIENT_GONE), False, ABANDON, ABANDON, False, False),
+    ("client gone", dict(error_kind=CLIENT_GONE), True, ABANDON, ABANDON, False, False),
+    ("client gone mid-stream", dict(error_kind=CLIENT_GONE, first_byte_sent=True), True, ABANDON, ABANDON, False, False),
+]
+
+
+class OutcomeTableTests(SynchronousTestCase):
+    """
+    L{judge} decides every outcome, as the table L{OUTCOMES} lists them:
+    sent again to the same target, the next key, the next target, given to
+    the client, or abandoned; and whether the breaker and the failure
+    metrics count it.
+    """
+
+    rule = RetryRule.from_config(RelayConfig(retries=2, max_retry_wait=10.0))
+
+    def test_with_retries_left(self):
+        """With retries left, the outcomes the retry rule covers are sent again to the same target."""
+        for name, outcome, pooled, verdict, _, _, _ in OUTCOMES:
+            for retried in (0, 1):
+                judged = judge(pooled=pooled, retried=retried, retry=self.rule, **outcome)
+                self.assertIs(judged.verdict, verdict, (name, pooled, retried))
+
+    def test_without_retries_left(self):
+        """Without retries (none configured, or all made), every outcome is judged as the plan judges it."""
+        for name, outcome, pooled, _, verdict, upstream_failed, attempt_failed in OUTCOMES:
+            for judged in (
+                judge(pooled=pooled, retried=2, retry=self.rule, **outcome),
+                judge(pooled=pooled, retry=NO_RETRIES, **outcome),
+                judge(pooled=pooled, **outcome),
+            ):
+                self.assertEqual(
+                    (judged.verdict, judged.upstream_failed, judged.attempt_failed),
+                    (verdict, upstream_failed, attempt_failed),
+                    (name, pooled),
+                )
+
+    def test_retry_counts_nothing(self):
+        """A retried send is no failure of the breaker or the attempt: it counts as a retry."""
+        for name, outcome, pooled, verdict, _, _, _ in OUTCOMES:
+            judged = judge(pooled=pooled, retry=self.rule, **outcome)
+            if verdict is RETRY:
+                self.assertEqual((judged.upstream_failed, judged.attempt_failed), (False, False), name)
+
+    def test_retry_waits(self):
+        """
+        A retry waits what the upstream asked (``retry-after``), else 0.5s,
+        1s, 2s... doubling per retry made, at most 8s.
+        """
+        rule = RetryRule.from_config(RelayConfig(retries=10, max_retry_wait=10.0))
+        self.assertEqual(judge(429, retry_after=5.0, retry=rule).wait, 5.0)
+        self.assertEqual(judge(429, retry_after=0.0, retry=rule).wait, 0.0)
+        waits = [judge(error_kind="connect", retried=n, retry=rule).wait for n in range(6)]
+        self.assertEqual(waits, [0.5, 1.0, 2.0, 4.0, 8.0, 8.0])
+
+    def test_only_429_and_5xx_retried(self):
+        """A status in ``retry_statuses`` is retried only when it is 429 or 5xx."""
+        rule = RetryRule(retries=1, statuses=frozenset({401, 404, 429, 503}), max_wait=60.0)
+        self.assertIs(judge(401, retry=rule).verdict, Verdict.DELIVER)
+        self.assertIs(judge(404, retry=rule).verdict, Verdict.DELIVER)
+        self.assertIs(judge(429, retry=rule).verdict, Verdict.RETRY)
+        self.assertIs(judge(503, retry=rule).verdict, Verdict.RETRY)
+        self.assertIs(judge(502, retry=rule).verdict, Verdict.FAILOVER)
+
+    def test_plan_never_retries(self):
+        """The plan judges without retries: same-target retries happen before it is told."""
+        for name, outcome, pooled, _, verdict, _, _ in OUTCOMES:
+            if verdict is ABANDON:
+                continue
+            router = Router(config(), Clock())
+            plan = router.plan(body("claude-haiku-4-5" if not pooled else "claude-sonnet-4-5"), 10)
+            attempt = plan.first()
+            self.assertEqual(attempt.key_index is not None, pooled)
+            plan.report(attempt, **outcome)
+            self.assertIs(plan.tried[-1].verdict, verdict, name)
+
+    def test_give_up(self):
+        """
+        When nothing is left to try, a failure without an answer is given
+        as it is after one attempt, as L{Plan.error} (502 ``exhausted``)
+        after several; a failure delivered as it is stays itself.
+        """
+        from twisted_relay.errors import RelayError
+
+        plan = Router(config(), Clock()).plan(body("claude-haiku-4-5"), 10)
+        attempt = plan.first()
+        attempt = plan.report(attempt, error_kind="connect")
+        self.assertIsNone(plan.report(attempt, 503))
+        refused = RelayError(502, "down", kind="connect")
+        self.assertEqual(plan.failure(refused).kind, "exhausted")
+
+        plan = Router(config(), Clock()).plan(body(), 10)
+        attempt = plan.first()
+        deadline = RelayError(504, "late", kind="total_timeout")
+        self.assertIsNone(plan.report(attempt, error_kind="total_timeout"))
+        self.assertIs(plan.failure(deadline), deadline)
+
+        plan = Router(config(upstreams=config().upstreams[:1], routes=(Route(targets=(Target("local"),)),)), Clock())
+        single = plan.plan(body(), 10)
+        self.assertIsNone(single.report(single.first(), error_kind="connect"))
+        self.assertIs(single.failure(refused), refused)
+
+    def test_abandon_touches_nothing(self):
+        """A client gone is not an attempt's outcome: no breaker hears of it, the plan records nothing."""
+        router = Router(config(), Clock())
+        plan = router.plan(body(), 10)
+        attempt = plan.first()
+        self.assertIsNone(plan.report(attempt, error_kind=CLIENT_GONE))
+        self.assertEqual(plan.tried, [])
+        self.assertEqual(router.health_of("anthropic").breaker.failures, 0)
 
 
 class RouteMatchingTests(SynchronousTestCase):

@@ -87,7 +87,10 @@ _SUMMARY_MESSAGE_CHARS = 2000
 class DumpRequest:
     """
     What the relay hands over for one dump: plain values only, so that it
-    can cross to the writer's thread.
+    can cross to the writer's thread. A new field of the dump file is a
+    field here, filled where the relay makes it
+    (:meth:`twisted_relay.answer.Exchange.dump`) and written by
+    :func:`build_dump`.
     """
 
     relay_request_id: str
@@ -108,6 +111,9 @@ class DumpRequest:
     upstream: str | None = None
     upstream_model: str | None = None
     attempts: tuple = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "attempts", tuple(self.attempts))
 
     def held_bytes(self) -> int:
         """The bytes this request keeps in memory while it waits."""
@@ -529,59 +535,22 @@ class DumpWriter(Service):
         """Remove these keys from every dump too (a reloaded configuration's)."""
         self._secrets = tuple(dict.fromkeys(self._secrets + tuple(s for s in secrets if s)))
 
-    def submit(
-        self,
-        *,
-        relay_request_id: str,
-        upstream_request_id: str | None,
-        received_at: float,
-        upstream_url: str,
-        status: int,
-        response_headers: list,
-        response_body: bytes,
-        client_headers: list,
-        client_body: bytes,
-        upstream_headers: list,
-        upstream_body: bytes,
-        table: Any,
-        policy: str,
-        stream_error: dict | None = None,
-        session_id: str | None = None,
-        upstream: str | None = None,
-        upstream_model: str | None = None,
-        attempts=(),
-    ) -> "Deferred[str | None]":
+    def submit(self, request: DumpRequest | None = None, /, **fields) -> "Deferred[str | None]":
         """
         Queue the dump of one refused request and return at once; call it on
-        the reactor thread. It never raises: the returned Deferred fires with
-        the file's path, or ``None`` when the dump was dropped or failed, and
+        the reactor thread. Give the :class:`DumpRequest`, or its fields as
+        keywords. It never raises: the returned Deferred fires with the
+        file's path, or ``None`` when the dump was dropped or failed, and
         never errs.
         """
-        request = DumpRequest(
-            relay_request_id=relay_request_id,
-            upstream_request_id=upstream_request_id,
-            received_at=received_at,
-            upstream_url=upstream_url,
-            status=status,
-            response_headers=response_headers,
-            response_body=response_body,
-            client_headers=client_headers,
-            client_body=client_body,
-            upstream_headers=upstream_headers,
-            upstream_body=upstream_body,
-            table=table,
-            policy=policy,
-            stream_error=stream_error,
-            session_id=session_id,
-            upstream=upstream,
-            upstream_model=upstream_model,
-            attempts=tuple(attempts),
-        )
         try:
+            if request is None:
+                request = DumpRequest(**fields)
             return self._queue(request)
         except Exception:
             self.log.failure(
-                "Could not queue the dump of {relay_request_id}", relay_request_id=relay_request_id
+                "Could not queue the dump of {relay_request_id}",
+                relay_request_id=request.relay_request_id if request is not None else fields.get("relay_request_id"),
             )
             return succeed(None)
 

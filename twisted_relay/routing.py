@@ -14,14 +14,17 @@ and the application reports each attempt's outcome::
     attempt = plan.first()
     while True:
         ...send to attempt.upstream.url with attempt.key and attempt.model
+        if judge(code, retried=n, retry=rule).verdict is Verdict.RETRY:
+            continue  # the same attempt again, after the judgement's wait
         following = plan.report(attempt, status=code)  # or error_kind=...
         if following is None:
-            break  # give this outcome to the client (plan.error() if it has no answer)
+            break  # give this outcome to the client (plan.failure(error) if it has no answer)
         attempt = following  # drop this answer, try the next
 
-:func:`judge` is the rule that decides, for one outcome, whether to give it
-to the client, try the next key of the same upstream, or fail over to the
-next target.
+:func:`judge` is the one rule of retries and failover: for one outcome, it
+decides whether to send it again to the same target, try the next key of
+the same upstream, fail over to the next target, or give it to the client;
+and whether the upstream's breaker and the failure metrics count it.
 """
 
 from __future__ import annotations
@@ -35,12 +38,17 @@ from twisted_relay.config import RelayConfig, Route, Upstream, rules_for
 from twisted_relay.errors import RelayError
 
 __all__ = [
+    "CLIENT_GONE",
     "FAILOVER_KINDS",
+    "NO_RETRIES",
+    "RETRY_KINDS",
     "Attempt",
     "Breaker",
+    "Judgement",
     "NoRoute",
     "Plan",
     "RequestFacts",
+    "RetryRule",
     "Router",
     "Verdict",
     "judge",
@@ -52,22 +60,83 @@ __all__ = [
 #: ``total_timeout`` happen once an answer has begun, or are the client's
 #: own limit: never.
 FAILOVER_KINDS = frozenset({"connect", "tls", "dropped", "timeout", "failed"})
+#: Upstream failures sent again to the same target when retries are on
+#: (``--retries``): the upstream never saw the request, or dropped it
+#: before answering.
+RETRY_KINDS = frozenset({"connect", "dropped"})
+#: The ``kind`` of an outcome whose client went away: nobody is left to answer.
+CLIENT_GONE = "client_gone"
 
 _MODEL_SHOWN = 200
+# Retry pauses without a ``retry-after``: 0.5s, 1s, 2s, ... at most 8s.
+_FIRST_PAUSE = 0.5
+_LONGEST_PAUSE = 8.0
 
 
 class Verdict(enum.Enum):
     """What to do with one attempt's outcome."""
 
     #: Give it to the client: an answer (2xx), a 4xx the client must see,
-    #: or anything once a byte has reached the client.
+    #: a failure that no other try would mend, or anything once a byte has
+    #: reached the client. When the plan has nothing left to try, the last
+    #: outcome is given too (:meth:`Plan.failure` for one with no answer).
     DELIVER = "deliver"
+    #: Send the same request again to the same target with the same key,
+    #: after a pause: retries are on (``--retries``) and some are left.
+    RETRY = "retry"
     #: Try the next key of the same upstream's pool (429, 401, 403), then
     #: the next target.
     NEXT_KEY = "next_key"
     #: Try the next target: no answer (connection failure, timeout before
     #: the headers), 5xx, 529, or 429 without a key pool.
     FAILOVER = "failover"
+    #: The client went away: nothing is sent again and no breaker hears of
+    #: it (what the upstream would have done is unknown).
+    ABANDON = "abandon"
+
+
+@dataclass(frozen=True)
+class RetryRule:
+    """
+    When the same target is sent the same request again (``--retries``):
+    at most ``retries`` times per attempt, after a connection failure or a
+    drop before the answer (:data:`RETRY_KINDS`), or after a status of
+    ``statuses`` that is 429 or 5xx, unless it asks to wait longer than
+    ``max_wait`` seconds.
+    """
+
+    retries: int = 0
+    statuses: frozenset = frozenset()
+    max_wait: float = 0.0
+
+    @classmethod
+    def from_config(cls, config: RelayConfig) -> "RetryRule":
+        return cls(config.retries, frozenset(config.retry_statuses), config.max_retry_wait)
+
+
+#: No same-target retries (``--retries 0``, and the plan's own view).
+NO_RETRIES = RetryRule()
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """
+    What one outcome calls for (:func:`judge`).
+
+    :ivar verdict: what to do next.
+    :ivar upstream_failed: the upstream's breaker counts a failure (else it
+        counts a success, unless the verdict is to retry or abandon).
+    :ivar attempt_failed: the attempt counts in
+        ``relay_upstream_attempt_failures_total``: an outcome that is not
+        an answer the client must see. A retried send counts as a retry
+        (``relay_retries_total``) instead.
+    :ivar wait: for :attr:`Verdict.RETRY`, the seconds to pause first.
+    """
+
+    verdict: Verdict
+    upstream_failed: bool = False
+    attempt_failed: bool = False
+    wait: float = 0.0
 
 
 def judge(
@@ -76,30 +145,64 @@ def judge(
     error_kind: str | None = None,
     first_byte_sent: bool = False,
     pooled: bool = False,
-) -> Verdict:
+    retry_after: float | None = None,
+    retried: int = 0,
+    retry: RetryRule = NO_RETRIES,
+) -> Judgement:
     """
-    Decide what one outcome calls for.
+    Decide what one outcome calls for: the one rule of retries and failover.
 
     :param status: the upstream's HTTP status; ``None`` when it sent none.
-    :param error_kind: when there is no status, the failure's ``kind``.
+    :param error_kind: when there is no status, the failure's ``kind``
+        (:data:`CLIENT_GONE` when the client went away); with a status, a
+        failure of the answer's body once it had begun.
     :param first_byte_sent: a byte of the answer already reached the client:
         nothing can be taken back, so it is delivered whatever it is.
     :param pooled: the attempt used a key of the relay's pool (so a refused
         or rate-limited key is the relay's to change, not the client's).
+    :param retry_after: the seconds the upstream asked to wait
+        (``retry-after-ms`` or ``retry-after``), if it did.
+    :param retried: how many times this attempt was sent again already.
+    :param retry: when the same target is sent the request again.
     """
+    if error_kind == CLIENT_GONE:
+        return Judgement(Verdict.ABANDON)
+    # A failure of the upstream: no answer (but past the client's own
+    # deadline), or a 5xx.
+    broken = (error_kind is not None and error_kind != "total_timeout") or (status is not None and status >= 500)
+    # Not an answer the client must see.
+    failed = status is None or error_kind is not None or status >= 500 or status in (401, 403, 429)
     if first_byte_sent:
-        return Verdict.DELIVER
+        return Judgement(Verdict.DELIVER, upstream_failed=broken, attempt_failed=failed)
+    if retried < retry.retries and _retried_here(status, error_kind, retry_after, retry):
+        wait = retry_after if retry_after is not None else min(_LONGEST_PAUSE, _FIRST_PAUSE * 2**retried)
+        return Judgement(Verdict.RETRY, wait=wait)
     if status is None:
-        return Verdict.FAILOVER if error_kind in FAILOVER_KINDS else Verdict.DELIVER
+        if error_kind in FAILOVER_KINDS:
+            return Judgement(Verdict.FAILOVER, upstream_failed=True, attempt_failed=True)
+        return Judgement(Verdict.DELIVER, upstream_failed=broken, attempt_failed=True)
     if status == 429:
-        return Verdict.NEXT_KEY if pooled else Verdict.FAILOVER
+        if pooled:
+            return Judgement(Verdict.NEXT_KEY, attempt_failed=True)
+        return Judgement(Verdict.FAILOVER, upstream_failed=True, attempt_failed=True)
     if status in (401, 403):
-        return Verdict.NEXT_KEY if pooled else Verdict.DELIVER
+        return Judgement(Verdict.NEXT_KEY if pooled else Verdict.DELIVER, attempt_failed=True)
     if 500 <= status <= 599:
-        return Verdict.FAILOVER
+        return Judgement(Verdict.FAILOVER, upstream_failed=True, attempt_failed=True)
     # Any other 4xx is deterministic (the same request fails the same way
     # elsewhere); it is dumped and passed through.
-    return Verdict.DELIVER
+    return Judgement(Verdict.DELIVER, upstream_failed=broken, attempt_failed=failed)
+
+
+def _retried_here(status: int | None, error_kind: str | None, retry_after: float | None, retry: RetryRule) -> bool:
+    """The outcome is one that the same target is sent again after (:class:`RetryRule`)."""
+    if status is None:
+        return error_kind in RETRY_KINDS
+    return (
+        status in retry.statuses
+        and (status == 429 or status >= 500)
+        and (retry_after is None or retry_after <= retry.max_wait)
+    )
 
 
 class Breaker:
@@ -270,11 +373,16 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Tried:
-    """One attempt made, with what came of it (``529``, ``connect``...)."""
+    """
+    One attempt made, with what came of it (``529``, ``connect``...), what
+    that called for, and whether it counts as a failed attempt in the
+    metrics (:attr:`Judgement.attempt_failed`).
+    """
 
     attempt: Attempt
     outcome: str
     verdict: Verdict
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -334,8 +442,9 @@ class Plan:
         """
         Account for an attempt's outcome, and give the next attempt, or
         ``None`` when this outcome goes to the client (it was delivered, or
-        nothing is left to try: then the last answer, or :meth:`error` when
-        it had none).
+        nothing is left to try: then the last answer, or :meth:`failure`
+        when it had none). Same-target retries are the caller's, before it
+        reports (:attr:`Verdict.RETRY`); the plan never retries.
 
         :param retry_after: seconds a 429 asked to wait; the key rests that
             long (at least the breaker cooldown).
@@ -343,29 +452,33 @@ class Plan:
         if attempt is not self._pending:
             raise ValueError("report the attempt this plan gave last")
         self._pending = None
+        judgement = judge(
+            status,
+            error_kind=error_kind,
+            first_byte_sent=first_byte_sent,
+            pooled=attempt.key_index is not None,
+            retry_after=retry_after,
+        )
+        verdict = judgement.verdict
+        if verdict is Verdict.ABANDON:
+            return None
         router = self._router
         now = router.now()
         health = router.health_of(attempt.upstream.name)
-        verdict = judge(
-            status, error_kind=error_kind, first_byte_sent=first_byte_sent, pooled=attempt.key_index is not None
-        )
-        self.tried.append(Tried(attempt, str(status) if status is not None else (error_kind or "failed"), verdict))
+        outcome = str(status) if status is not None else (error_kind or "failed")
+        self.tried.append(Tried(attempt, outcome, verdict, judgement.attempt_failed))
         key = health.keys[attempt.key_index] if attempt.key_index is not None else None
-        failed_answer = (error_kind is not None and error_kind != "total_timeout") or (
-            status is not None and status >= 500
-        )
+        if judgement.upstream_failed:
+            # Also when the answer broke once it had begun: the upstream's
+            # health suffers, though nothing can be tried again.
+            health.breaker.failed(now, router.breaker_failures, router.breaker_cooldown)
+        else:
+            health.breaker.succeeded()  # the upstream answered
+            if verdict is Verdict.DELIVER and key is not None:
+                key.succeeded()
         if verdict is Verdict.DELIVER:
-            if failed_answer:
-                # Broken once the answer had begun: the upstream's health
-                # suffers, though nothing can be tried again.
-                health.breaker.failed(now, router.breaker_failures, router.breaker_cooldown)
-            else:
-                health.breaker.succeeded()
-                if key is not None:
-                    key.succeeded()
             return None
         if verdict is Verdict.NEXT_KEY:
-            health.breaker.succeeded()  # the upstream answered
             if status in (401, 403):
                 key.rest(now, router.key_rest)
             else:
@@ -373,14 +486,23 @@ class Plan:
             following = self._next_key()
             if following is not None:
                 return following
-            return self._next_target()
-        health.breaker.failed(now, router.breaker_failures, router.breaker_cooldown)
         return self._next_target()
 
     def error(self) -> RelayError:
         """The error for a request whose every attempt failed without an answer."""
         tried = ", ".join("%s (%s)" % (t.attempt.label, t.outcome) for t in self.tried)
         return RelayError(502, "Every upstream tried failed: %s." % (tried,), kind="exhausted")
+
+    def failure(self, error: RelayError) -> RelayError:
+        """
+        The error to give the client when the last attempt failed with
+        ``error`` (no answer) and :meth:`report` gave no next attempt: the
+        failure itself when it is delivered as it is, or :meth:`error` once
+        several attempts were made and none could answer.
+        """
+        if len(self.tried) > 1 and self.tried[-1].verdict is not Verdict.DELIVER:
+            return self.error()
+        return error
 
     def _next_target(self) -> Attempt | None:
         router = self._router

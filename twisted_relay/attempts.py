@@ -1,0 +1,265 @@
+# -*- test-case-name: tests.test_routed_app -*-
+"""
+The attempts of one relayed request: where it is sent, and again where.
+
+:class:`Attempts` makes the attempts of a request's plan
+(:mod:`twisted_relay.routing`) one at a time: each gets its own body (the
+target's model name and key, its upstream's id rules, the message
+thread's turn), is sent, sent again to the same target when the rule says
+so, and its outcome is reported to the plan, which gives the next attempt
+or none. What to do with every outcome is decided by
+:func:`twisted_relay.routing.judge`, never here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from urllib.parse import quote
+
+import ujson
+from twisted.internet.defer import CancelledError
+from twisted.internet.task import deferLater
+from twisted.web.http_headers import Headers
+
+from twisted_relay._json import to_json
+from twisted_relay.answer import note_repairs
+from twisted_relay.errors import RelayError
+from twisted_relay.routing import CLIENT_GONE, Verdict, judge
+from twisted_relay.translation import translate_request
+from twisted_relay.upstream import read_body, upstream_request_headers
+
+__all__ = ["Attempts", "Sent", "retry_after"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What one attempt sends upstream."""
+
+    path: str
+    headers: Headers
+    body: bytes | None
+    translation: object
+
+
+class Attempts:
+    """
+    The attempts of one relayed request, made until one's outcome goes to
+    the client.
+
+    :param context: the relay's parts for this request
+        (:class:`~twisted_relay.relayed_request.RequestContext`).
+    :param relayed: the request
+        (:class:`~twisted_relay.relayed_request.RelayedRequest`): its
+        deadline (``wait``), Twisted request, model id and message thread.
+    :param plan: the request's plan (:class:`~twisted_relay.routing.Plan`).
+    :param path: the path and query to send upstream.
+    :param raw: the client's body, or ``None`` for a request without one.
+    :param body: ``raw`` parsed, handed over: the first attempt drops it
+        once serialised.
+    :ivar attempt: the attempt made last.
+    """
+
+    def __init__(self, context, relayed, plan, path: str, raw: bytes | None, body: dict | None):
+        self._context = context
+        self._relayed = relayed
+        self.plan = plan
+        self._path = path
+        self._raw = raw
+        self._body = body
+        self.attempt = None
+        # The answering attempt's 2xx is yet to be reported to the plan.
+        self._unsettled = False
+
+    async def make(self):
+        """
+        Make the plan's attempts, one at a time, until one's outcome goes to
+        the client: an answer, returned with what was sent for it, or a
+        failure with no answer, raised. A 2xx answer is reported to the plan
+        once its body has been relayed (:meth:`settle`).
+        """
+        context, plan = self._context, self.plan
+        metrics = context.metrics
+        attempt = plan.first()
+        while True:
+            self.attempt = attempt
+            sent = self._prepare(attempt)
+            name = attempt.upstream.name
+            metrics.labelled(metrics.upstream_requests, name).inc()
+            try:
+                response, asked_wait = await self._send(context.clients[name], sent, attempt)
+            except CancelledError:
+                # The client went away (the deadline's cancel is a RelayError).
+                plan.report(attempt, error_kind=CLIENT_GONE)
+                raise
+            except RelayError as e:
+                following = plan.report(attempt, error_kind=e.kind)
+                self._note(attempt, following)
+                if following is None:
+                    failure = plan.failure(e)
+                    if failure is e:
+                        raise
+                    raise failure from None
+                attempt = following
+                continue
+            if response.code < 300:
+                self._unsettled = True
+                return response, sent
+            following = plan.report(attempt, response.code, retry_after=asked_wait)
+            self._note(attempt, following)
+            if following is None:
+                return response, sent
+            # Read the refused answer, so its connection goes back to the pool.
+            await self._discard(response, attempt)
+            attempt = following
+
+    def settle(self, error_kind: str | None = None) -> None:
+        """Report the delivered 2xx attempt's outcome, once its body has gone (or broken off)."""
+        if not self._unsettled:
+            return
+        self._unsettled = False
+        attempt = self.attempt
+        if error_kind is None:
+            self.plan.report(attempt, 200)
+        else:
+            self.plan.report(attempt, error_kind=error_kind, first_byte_sent=True)
+            self._note(attempt, None)
+
+    def labels(self) -> list[str]:
+        """Every attempt made, with its outcome: ``local (connect)``, ``anthropic key #2 (200)``."""
+        labels = ["%s (%s)" % (t.attempt.label, t.outcome) for t in self.plan.tried]
+        if self._unsettled:
+            labels.append("%s (answered)" % (self.attempt.label,))
+        return labels
+
+    def _prepare(self, attempt) -> Sent:
+        """The path, headers and body to send for one attempt: its model, its key, its upstream's id rules."""
+        context, relayed, raw = self._context, self._relayed, self._raw
+        path = self._path
+        headers = upstream_request_headers(
+            relayed.request.requestHeaders, attempt.key, strip_credentials=bool(context.relay_keys)
+        )
+        if raw is None:
+            model_id = relayed.model_id
+            if model_id is not None and attempt.model is not None and attempt.model != model_id:
+                path = _renamed_model_path(path, attempt.model)
+            return Sent(path, headers, None, None)
+        # The parsed body for the first attempt; made again from the bytes
+        # should another upstream be tried.
+        body, self._body = self._body, None
+        if body is None:
+            body = ujson.loads(raw)
+        renamed = attempt.model is not None and body.get("model") != attempt.model
+        if renamed:
+            body = dict(body)
+            body["model"] = attempt.model
+        translation = translate_request(body, context.router.rules(attempt.upstream))
+        if not self.plan.tried:
+            note_repairs(context, relayed.id, translation)
+        upstream_body = to_json(translation.upstream_body) if translation.changed or renamed else raw
+        turn = relayed.turn
+        if turn is not None:
+            upstream_body = turn.upstream_bytes(translation.upstream_body, upstream_body)
+            headers = turn.upstream_headers(headers)
+        # The parsed body (often ten times the size of its bytes) is not
+        # needed once serialised: a request that waits on the upstream holds
+        # its bytes only.
+        translation.forget_body()
+        return Sent(path, headers, upstream_body, translation)
+
+    async def _send(self, client, sent: Sent, attempt):
+        """
+        Send one attempt upstream, and again to the same target while the
+        rule says so (:attr:`~twisted_relay.routing.Verdict.RETRY`). Return
+        the response and the wait it asked for (``retry-after``), if any.
+        """
+        context, relayed = self._context, self._relayed
+        clock, metrics, rule = context.reactor, context.metrics, context.retry
+        pooled = attempt.key_index is not None
+        retried = 0
+        while True:
+            started = clock.seconds()
+            try:
+                response = await relayed.wait(client.request(relayed.request.method, sent.path, sent.headers, sent.body))
+            except RelayError as e:
+                judgement = judge(error_kind=e.kind, pooled=pooled, retried=retried, retry=rule)
+                if judgement.verdict is Verdict.RETRY:
+                    retried += 1
+                    await self._pause(retried, judgement.wait, e.message)
+                    continue
+                metrics.upstream_errors.labels(e.kind or "other").inc()
+                raise
+            metrics.labelled(metrics.upstream_latency, relayed.route.name).observe(clock.seconds() - started)
+            if response.code < 300:
+                return response, None
+            asked_wait = retry_after(response.headers)
+            judgement = judge(response.code, pooled=pooled, retry_after=asked_wait, retried=retried, retry=rule)
+            if judgement.verdict is Verdict.RETRY:
+                retried += 1
+                await self._discard(response, attempt)
+                await self._pause(retried, judgement.wait, "status %d" % (response.code,))
+                continue
+            return response, asked_wait
+
+    async def _pause(self, retried: int, delay: float, why: str) -> None:
+        context = self._context
+        context.metrics.retries.inc()
+        context.log.info(
+            "Retrying upstream request ({why}), attempt {attempt} in {delay}s", why=why, attempt=retried + 1, delay=delay
+        )
+        await self._relayed.wait(deferLater(context.reactor, delay, lambda: None))
+
+    async def _discard(self, response, attempt) -> None:
+        """Read an answer that is not given to the client; only the deadline stops it."""
+        try:
+            await self._relayed.wait(read_body(response, self._context.reactor, attempt.upstream.idle_timeout or None))
+        except RelayError as e:
+            if e.kind == "total_timeout":
+                raise
+
+    def _note(self, attempt, following) -> None:
+        """Log and count an attempt whose outcome did not end the request well, or moved it on."""
+        tried = self.plan.tried[-1]
+        if not tried.failed:
+            return  # an answer the client must see, not a failure of the upstream
+        metrics = self._context.metrics
+        name = attempt.upstream.name
+        metrics.labelled(metrics.upstream_attempt_failures, name, tried.outcome).inc()
+        if following is None:
+            return
+        metrics.labelled(metrics.failovers, name).inc()
+        self._context.log.warn(
+            "Upstream {attempt} answered {outcome} for {relay_request_id}; trying {following}",
+            attempt=attempt.label,
+            outcome=tried.outcome,
+            following=following.label,
+            relay_request_id=self._relayed.id,
+            upstream=name,
+            upstream_model=attempt.model,
+        )
+
+
+def retry_after(headers: Headers) -> float | None:
+    """The wait an upstream asks for: ``retry-after-ms``, or ``retry-after`` (seconds or a date)."""
+    for value in headers.getRawHeaders(b"retry-after-ms", []):
+        try:
+            return max(0.0, float(value) / 1000.0)
+        except ValueError:
+            pass
+    for value in headers.getRawHeaders(b"retry-after", []):
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            try:
+                return max(0.0, parsedate_to_datetime(value.decode("latin-1")).timestamp() - time.time())
+            except (TypeError, ValueError):
+                pass
+    return None
+
+
+def _renamed_model_path(path: str, model: str) -> str:
+    """``/v1/models/{id}?query`` with the model id replaced (a target's rename)."""
+    target, mark, query = path.partition("?")
+    head = target.rpartition("/")[0]
+    return "%s/%s%s%s" % (head, quote(model, safe=""), mark, query)

@@ -1,0 +1,415 @@
+# -*- test-case-name: tests.test_app -*-
+"""
+One client request on its way through the relay.
+
+A :class:`RelayedRequest` owns a request's lifecycle: admission (relay
+keys, load, body size), its path and body, its deadline, the turn of its
+message thread, and, when it ends, its log line and request metrics. It
+hands the sending to :class:`~twisted_relay.attempts.Attempts` and the
+answer to :class:`~twisted_relay.answer.Answer`.
+
+It knows the application only through a :class:`RequestContext`: the
+parts the app hands to each request, as they were when the request came
+(a reload makes a new context; requests in flight keep theirs).
+"""
+
+from __future__ import annotations
+
+import hmac
+import io
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ujson
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
+
+from twisted_relay._json import to_json
+from twisted_relay.answer import (
+    RELAY_REQUEST_ID_HEADER,
+    Answer,
+    Exchange,
+    clear_headers,
+    error_answer,
+    new_request_id,
+)
+from twisted_relay.attempts import Attempts
+from twisted_relay.config import RelayConfig
+from twisted_relay.drain import InFlight
+from twisted_relay.errors import RelayError
+from twisted_relay.logs import bounded
+from twisted_relay.message_threads.turns import ThreadKeeper, credential_of, owner_of
+from twisted_relay.metrics import RelayMetrics
+from twisted_relay.routing import NoRoute, RequestFacts, RetryRule, Router
+from twisted_relay.upstream import UpstreamClients, path_escapes
+
+__all__ = [
+    "COUNT_TOKENS",
+    "MESSAGES",
+    "MODELS",
+    "RelayedRequest",
+    "RequestContext",
+    "RouteKind",
+    "method_and_path",
+    "upstream_path",
+]
+
+# What the log and the metrics call a request whose client went away.
+_CLIENT_GONE = 499
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """
+    What the application hands each request it relays: everything a
+    request may use of the relay, and nothing else.
+
+    :ivar config: the relay's settings.
+    :ivar reactor: the reactor (timers, the clock).
+    :ivar log: where a request's log lines go.
+    :ivar metrics: the relay's metrics.
+    :ivar dumps: the dump writer (:class:`~twisted_relay.dumps.DumpWriter`),
+        or ``None`` for no dumps.
+    :ivar threads: the message threads the relay holds.
+    :ivar secrets: every key to remove from what upstreams send back.
+    :ivar relay_keys: the keys a client must present, as bytes (none: open).
+    :ivar router: where requests go.
+    :ivar clients: the upstream clients, by upstream name.
+    :ivar retry: when an attempt is sent again to the same target.
+    :ivar in_flight: the requests in flight (``begin``/``end``, ``count``).
+    """
+
+    config: RelayConfig
+    reactor: Any
+    log: Logger
+    metrics: RelayMetrics
+    dumps: Any
+    threads: ThreadKeeper
+    secrets: tuple[str, ...]
+    relay_keys: tuple[bytes, ...]
+    router: Router
+    clients: UpstreamClients
+    retry: RetryRule
+    in_flight: InFlight
+
+
+@dataclass(frozen=True, slots=True)
+class RouteKind:
+    """What a relayed route does: its name in logs and metrics, whether it reads a Messages body, and how it answers."""
+
+    name: str
+    has_body: bool
+    stream_ok: bool
+    translate_answer: bool
+    threads: bool = False
+
+
+MESSAGES = RouteKind("messages", has_body=True, stream_ok=True, translate_answer=True, threads=True)
+COUNT_TOKENS = RouteKind("count_tokens", has_body=True, stream_ok=False, translate_answer=False)
+MODELS = RouteKind("models", has_body=False, stream_ok=False, translate_answer=False)
+
+
+class RelayedRequest:
+    """
+    One client request on its way through the relay, from admission to the
+    last byte of its answer: what became of it (for the request's log line
+    and metrics) and its deadline.
+
+    The deadline (``total_timeout``) is one timer for the whole request: it
+    cancels whatever the request waits on when it fires (the upstream's
+    headers, a retry's pause, a whole body or a stream), and that wait
+    fails with a 504 ``total_timeout`` error.
+
+    :ivar request: the Twisted request.
+    :ivar route: what kind of route it came by.
+    :ivar model_id: the model a ``GET /v1/models/{id}`` names.
+    :ivar id: the relay's id for it (``x-relay-request-id``).
+    :ivar started: when it started, on the reactor's clock.
+    :ivar turn: the message thread's turn it takes, if any.
+    :ivar stream: its answer is streamed (for the log line).
+    :ivar error: what went wrong, for the log line.
+    """
+
+    def __init__(self, context: RequestContext, request, route: RouteKind, model_id: str | None = None):
+        self.context = context
+        self.request = request
+        self.route = route
+        self.model_id = model_id
+        self.id = new_request_id()
+        self.started = context.reactor.seconds()
+        self.turn = None
+        # What the log line and the metrics say.
+        self.status: int | None = None
+        self.stream = False
+        self.error: str | None = None
+        self._attempts: Attempts | None = None
+        self._waiting: Deferred | None = None
+        self._over_time = False
+        self._deadline_call = None
+
+    async def run(self):
+        """Relay the request; return the answer's body, or ``None`` once it has been streamed."""
+        context, request = self.context, self.request
+        request.setHeader(RELAY_REQUEST_ID_HEADER, self.id.encode("ascii"))
+        # Fires (with None, whatever happened) once the request is finished
+        # or its connection lost.
+        settled = request.notifyFinish()
+        settled.addErrback(lambda _: None)
+        context.in_flight.begin(request)
+        if context.config.total_timeout:
+            self._deadline_call = context.reactor.callLater(context.config.total_timeout, self._too_long)
+        try:
+            return await self._relay()
+        except CancelledError:
+            self.status = _CLIENT_GONE
+            # The client's transport stops the stream before the request
+            # hears of the lost connection; wait until it has, so Klein knows
+            # the request is gone and does not treat the cancellation as a
+            # failure to render.
+            if not settled.called:
+                await settled
+            raise
+        except Exception:
+            context.log.failure("Unexpected failure relaying {relay_request_id}", relay_request_id=self.id)
+            self.status, self.error = 500, "internal relay error"
+            if request.startedWriting:
+                raise
+            clear_headers(request)
+            return error_answer(request, RelayError(500, "Internal relay error."), self.id)
+        finally:
+            if self.turn is not None:
+                # Not settled by a whole answer: the thread stays where it was.
+                self.turn.failed()
+            if self._deadline_call is not None and self._deadline_call.active():
+                self._deadline_call.cancel()
+            context.in_flight.end(request)
+            self._log()
+
+    # -- the deadline ---------------------------------------------------------
+
+    def _too_long(self) -> None:
+        self._deadline_call = None
+        self._over_time = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def wait(self, d: Deferred):
+        """
+        Wait for ``d``, within the request's deadline. When the deadline
+        cancels it, fail with the 504 ``total_timeout`` error instead of
+        ``CancelledError``.
+        """
+        if self._over_time:
+            d.cancel()
+        self._waiting = d
+        try:
+            return await d
+        except CancelledError:
+            if self._over_time:
+                raise RelayError(
+                    504,
+                    "The request took longer than %g seconds, the relay's limit."
+                    % (self.context.config.total_timeout,),
+                    kind="total_timeout",
+                ) from None
+            raise
+        finally:
+            self._waiting = None
+
+    # -- the work ---------------------------------------------------------------
+
+    async def _relay(self):
+        context, request, route = self.context, self.request, self.route
+        received_at = time.time()
+        raw = body = None
+        stream_asked = False
+        try:
+            _admit(context, request)
+            # Checked before anything is read or sent: a path that could
+            # leave the upstream's base path is never sent.
+            path = upstream_path(request)
+            if route.has_body:
+                raw = _read_body(context.config, request)
+                body = _parse_messages_body(raw)
+                if route.threads and "thread" in body:
+                    body, raw = await self._open_thread(body, raw)
+                stream_asked = body.get("stream") is True
+                plan = context.router.plan(body, len(raw))
+            elif self.model_id is not None:
+                plan = context.router.plan_for(RequestFacts.for_model(self.model_id))
+            else:
+                plan = context.router.plan_for_listing()
+            if isinstance(plan, NoRoute):
+                raise plan.error()
+            # The body is handed over, not kept in this frame: the first
+            # attempt drops it once serialised.
+            attempts = self._attempts = Attempts(context, self, plan, path, raw, body)
+            body = None
+            response, sent = await attempts.make()
+        except RelayError as e:
+            self.error = e.message
+            return error_answer(request, e, self.id)
+
+        attempt = attempts.attempt
+        exchange = Exchange(
+            self.id, received_at, context.clients[attempt.upstream.name].display_url + sent.path,
+            request.requestHeaders, raw, sent.headers, sent.body, sent.translation, attempt, attempts.labels(),
+        )
+        answer = Answer(context, self, attempts, response, exchange)
+        answer.set_headers()
+        if answer.streams(stream_asked):
+            await answer.stream()
+            return None
+        return await answer.whole_body()
+
+    async def _open_thread(self, body: dict, raw: bytes) -> tuple[dict, bytes]:
+        """
+        A request in a message thread becomes the plain request it stands
+        for (a ``continue`` rebuilt from the thread the relay holds), which
+        is then translated and sent like any other, and dumped as such.
+
+        :raises ThreadError: the API's own answer (not found, already
+            continued, in flight, changed ``system``/``tools``, malformed).
+        """
+        credential = credential_of(self.request.requestHeaders)
+        turn = await self.wait(self.context.threads.open(body, owner_of(credential)))
+        if turn is None:
+            return body, raw
+        self.turn = turn
+        return turn.request, to_json(turn.request)
+
+    async def settle_thread(self, settling: Deferred) -> None:
+        """
+        Wait until the thread is kept (before the answer's end reaches the
+        client, so its next ``continue`` finds it; bounded by the store's
+        own timeout). A store that failed was logged and counted.
+        """
+        self.turn = None
+        try:
+            await settling
+        except Exception:
+            self.context.log.failure("Keeping a thread failed ({relay_request_id})", relay_request_id=self.id)
+
+    def _log(self) -> None:
+        context, request = self.context, self.request
+        metrics = context.metrics
+        status = self.status or request.code
+        metrics.labelled(metrics.requests, self.route.name, str(status)).inc()
+        attempts = self._attempts
+        attempt = None if attempts is None else attempts.attempt
+        context.log.info(
+            "{method} {path} {status} {duration_ms}ms ({relay_request_id})",
+            method=request.method.decode("ascii", "replace"),
+            path=request.path.decode("utf-8", "replace"),
+            status=status,
+            duration_ms=round((context.reactor.seconds() - self.started) * 1000.0, 1),
+            relay_request_id=self.id,
+            stream=self.stream,
+            error=None if self.error is None else bounded(self.error, 1000),
+            upstream=None if attempt is None else attempt.upstream.name,
+            upstream_model=None if attempt is None or attempt.model is None else bounded(attempt.model),
+            attempts=None if attempts is None else attempts.labels(),
+        )
+
+
+def method_and_path(request) -> tuple[str, str]:
+    """The request's method and path, as text, for error messages."""
+    return request.method.decode("ascii", "replace"), request.path.decode("utf-8", "replace")
+
+
+def upstream_path(request) -> str:
+    """
+    The client's path and query string, relative to where the relay is
+    mounted: ``/relay/v1/messages?beta=true`` under ``/relay`` is
+    ``/v1/messages?beta=true`` upstream.
+
+    :raises RelayError: 404 for a path that a server or proxy on the way
+        could read as one outside the upstream's base path
+        (:func:`twisted_relay.upstream.path_escapes`); nothing is sent for it.
+    """
+    uri = request.uri
+    mount = getattr(request, "relay_mount", b"").strip(b"/")
+    if mount and uri.startswith(b"/" + mount + b"/"):
+        uri = uri[len(mount) + 1 :]
+    if path_escapes(uri):
+        raise RelayError(404, "The relay has no route for %s %s." % method_and_path(request))
+    return uri.decode("latin-1")
+
+
+# -- admission ------------------------------------------------------------------
+
+
+def _admit(context: RequestContext, request) -> None:
+    """Refuse a request the relay must not take now, and say why."""
+    # While draining, requests on connections still open are served (a
+    # load balancer does not resend a refused POST); each such
+    # connection closes as its answer ends (drain.py).
+    if context.relay_keys and not _key_allowed(context.relay_keys, request):
+        raise RelayError(
+            401,
+            "The relay requires a relay key in x-api-key or Authorization: Bearer.",
+        )
+    limit = context.config.max_concurrent
+    if limit and context.in_flight.count > limit:
+        raise RelayError(
+            529,
+            "The relay is handling %d requests, its limit; try again shortly." % (limit,),
+            kind="overloaded",
+        )
+
+
+def _key_allowed(relay_keys: tuple[bytes, ...], request) -> bool:
+    presented = []
+    presented.extend(request.requestHeaders.getRawHeaders(b"x-api-key", []))
+    for value in request.requestHeaders.getRawHeaders(b"authorization", []):
+        scheme, _, token = value.partition(b" ")
+        if scheme.lower() == b"bearer":
+            presented.append(token.strip())
+    allowed = False
+    # Compare every presented key with every relay key, in constant time
+    # per comparison, and never stop early.
+    for candidate in presented:
+        for key in relay_keys:
+            allowed |= hmac.compare_digest(candidate, key)
+    return allowed
+
+
+def _read_body(config: RelayConfig, request) -> bytes:
+    if getattr(request, "body_too_large", False):
+        raise RelayError(
+            413,
+            "Request body is over %d bytes, the most the relay accepts." % (config.max_body,),
+        )
+    if getattr(request, "over_budget", False):
+        raise RelayError(
+            529,
+            "The relay holds as many request bodies as its memory limit allows; try again shortly.",
+            kind="overloaded",
+        )
+    content = request.content
+    content.seek(0, os.SEEK_END)
+    size = content.tell()
+    if size > config.max_body:
+        raise RelayError(
+            413,
+            "Request body is %d bytes; the relay accepts at most %d." % (size, config.max_body),
+        )
+    if isinstance(content, io.BytesIO):
+        # The buffer itself, not a copy of it.
+        return content.getvalue()
+    content.seek(0)
+    return content.read()
+
+
+def _parse_messages_body(raw: bytes) -> dict:
+    try:
+        body = ujson.loads(raw)
+    except (ValueError, OverflowError) as e:
+        raise RelayError(400, "Request body is not valid JSON: %s." % (e,))
+    if not isinstance(body, dict):
+        raise RelayError(400, "Request body must be a JSON object.")
+    if not isinstance(body.get("messages"), list):
+        raise RelayError(400, "messages: Field required and must be a list.")
+    return body
