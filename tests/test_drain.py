@@ -262,7 +262,7 @@ class DrainDeadlineTests(FaultTestCase):
         stalled.connect(("127.0.0.1", self.relay_port))
         stalled.sendall(self.raw_post())
         await wait_for(lambda: self.relay.app.in_flight == 1)
-        (request,) = self.relay.app._active
+        (request,) = self.relay.app.requests.active
         await wait_for(lambda: request.channel.transport.producerPaused)
         await self.relay.app.drain(0.2)
         await wait_for(lambda: self.relay.app.in_flight == 0, timeout=2)

@@ -21,7 +21,7 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.http_headers import Headers
 
-from twisted_relay.app import _retry_after
+from twisted_relay.attempts import retry_after
 from twisted_relay.config import RelayConfig, Route, Target, Upstream
 
 from tests.faulty_upstream import (
@@ -506,8 +506,8 @@ class RetryAfterTests(SynchronousTestCase):
         """
         Milliseconds win; seconds and HTTP dates are read; garbage is ignored.
         """
-        self.assertEqual(_retry_after(Headers({b"retry-after-ms": [b"1500"], b"retry-after": [b"9"]})), 1.5)
-        self.assertEqual(_retry_after(Headers({b"retry-after": [b"3"]})), 3.0)
-        self.assertEqual(_retry_after(Headers({b"retry-after": [b"Thu, 01 Jan 1970 00:00:00 GMT"]})), 0.0)
-        self.assertIsNone(_retry_after(Headers({b"retry-after": [b"soon"]})))
-        self.assertIsNone(_retry_after(Headers()))
+        self.assertEqual(retry_after(Headers({b"retry-after-ms": [b"1500"], b"retry-after": [b"9"]})), 1.5)
+        self.assertEqual(retry_after(Headers({b"retry-after": [b"3"]})), 3.0)
+        self.assertEqual(retry_after(Headers({b"retry-after": [b"Thu, 01 Jan 1970 00:00:00 GMT"]})), 0.0)
+        self.assertIsNone(retry_after(Headers({b"retry-after": [b"soon"]})))
+        self.assertIsNone(retry_after(Headers()))

@@ -735,7 +735,7 @@ class ClientDisconnectTests(FaultTestCase):
         await sleep(0.3)
         client.abort()
         await client.done
-        await wait_for(lambda: not self.relay.app._active, timeout=1)
+        await wait_for(lambda: not self.relay.app.requests.active, timeout=1)
         metrics = await treq.content(await self.http.get(self.relay_url + "/metrics"))
         self.assertIn(b'relay_requests_total{route="messages",status="499"} 1.0', metrics)
         self.assertNotIn(b"relay_upstream_failures_total{", metrics)
@@ -803,7 +803,7 @@ class ClientDisconnectTests(FaultTestCase):
         await wait_for(second_answered)
         self.assertEqual(parse_response(bytes(answered)).status, 200)
         second.close()
-        await wait_for(lambda: not self.relay.app._active, timeout=1)
+        await wait_for(lambda: not self.relay.app.requests.active, timeout=1)
         # The pool's idle connections go to this upstream, not the usual one.
         await self.relay.client.close()
         upstream.close()
@@ -905,7 +905,7 @@ class ConcurrencyLimitTests(FaultTestCase):
         self.assertEqual(self.upstream.request_count, 1)
         first.abort()
         await wait_for(lambda: self.upstream.received[0].outcome == "lost", timeout=1)
-        await wait_for(lambda: not self.relay.app._active, timeout=1)
+        await wait_for(lambda: not self.relay.app.requests.active, timeout=1)
         response = await self.post()
         self.assertEqual(response.code, 200)
         await treq.content(response)
