@@ -116,28 +116,28 @@ def _free_id(stem: str, separator: str, start: int, taken: Any, also_taken: Any)
         j += 1
 
 
-def _swap_references(block: dict, block_type: str | None, resolve: Callable[[str | None, str, str], str],
-                     copy: bool) -> dict | None:
+def _swap_references(block: dict, block_type: str | None, tool_use_id: Any, caller: Any,
+                     resolve: Callable[[str | None, str, str], str], copy: bool) -> dict | None:
     """
-    Put in place of each reference ``block`` carries (its ``tool_use_id``,
-    then its ``caller``'s ``tool_id``, each when it is a string) the id
-    ``resolve(block_type, field, reference)`` gives for it, ``field`` being
-    :data:`TOOL_USE_ID` or :data:`CALLER_TOOL_ID`. ``resolve`` records what
-    it needs and returns the reference itself to leave it.
+    Put in place of each reference ``block`` carries the id ``resolve(block_type,
+    field, reference)`` gives for it: first its ``tool_use_id``
+    (:data:`TOOL_USE_ID`), then its ``caller``'s ``tool_id``
+    (:data:`CALLER_TOOL_ID`), each when it is a string. ``resolve`` records
+    what it needs and returns the reference itself to leave it.
 
+    :param tool_use_id: ``block.get("tool_use_id")``, as the caller read it.
+    :param caller: ``block.get("caller")``, as the caller read it.
     :param copy: leave ``block`` untouched and write into a copy (and a copy
         of its ``caller``); else write into ``block`` itself.
     :return: the block holding the new ids (``block`` itself unless
         ``copy``); ``None`` when none changed.
     """
     swapped = None
-    ref = block.get("tool_use_id")
-    if isinstance(ref, str):
-        new_id = resolve(block_type, TOOL_USE_ID, ref)
-        if new_id != ref:
+    if isinstance(tool_use_id, str):
+        new_id = resolve(block_type, TOOL_USE_ID, tool_use_id)
+        if new_id != tool_use_id:
             swapped = dict(block) if copy else block
             swapped["tool_use_id"] = new_id
-    caller = block.get("caller")
     if isinstance(caller, dict):
         ref = caller.get("tool_id")
         if isinstance(ref, str):

@@ -213,7 +213,7 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
             ref = block.get("tool_use_id")
             caller = block.get("caller")
             if isinstance(ref, str) or isinstance(caller, dict):
-                swapped = _swap_references(block, block_type, refer, True)
+                swapped = _swap_references(block, block_type, ref, caller, refer, True)
                 if swapped is not None:
                     if new_content is None:
                         new_content = list(content)
@@ -354,8 +354,10 @@ class ResponseTranslator:
         if not isinstance(block_type, str):
             block_type = None
         changed = False
-        if isinstance(block.get("tool_use_id"), str) or isinstance(block.get("caller"), dict):
-            changed = _swap_references(block, block_type, self._refer, False) is not None
+        ref = block.get("tool_use_id")
+        caller = block.get("caller")
+        if isinstance(ref, str) or isinstance(caller, dict):
+            changed = _swap_references(block, block_type, ref, caller, self._refer, False) is not None
         if block_type is not None:
             if block_type == "tool_use" or block_type.endswith("_tool_use"):
                 emitted = block.get("id")
