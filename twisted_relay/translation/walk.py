@@ -208,8 +208,8 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
                 block_type = None
             # A block's own references point at earlier blocks, so they are
             # resolved before its declaration (if any) is recorded. (The
-            # fields are read here too, so that a block with no reference
-            # costs no call.)
+            # fields are read here, so that a block with no reference costs
+            # no call.)
             ref = block.get("tool_use_id")
             caller = block.get("caller")
             if isinstance(ref, str) or isinstance(caller, dict):
@@ -218,13 +218,11 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
                     if new_content is None:
                         new_content = list(content)
                     new_content[bi] = swapped
+                if isinstance(caller, dict):
+                    # the reference the thinking test below reads
+                    ref = caller.get("tool_id")
             if block_type is None or not (block_type == "tool_use" or block_type.endswith("_tool_use")):
-                # Read as thinking only without a reference: the caller's
-                # tool_id when the block has a caller object, else its
-                # tool_use_id, is None.
-                if block_type in _SIGNED_FIELDS and (
-                    (caller.get("tool_id") if isinstance(caller, dict) else ref) is None
-                ):
+                if ref is None and block_type in _SIGNED_FIELDS:
                     signed = _SIGNED_FIELDS[block_type]
                     value = block.get(signed)
                     if isinstance(value, str) and value.startswith(THINKING_MARK):
