@@ -31,7 +31,7 @@ from treq.client import HTTPClient
 from zope.interface import implementer
 
 from twisted_relay.app import RelayApp
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient, UpstreamClients, _BytesProducer
 
@@ -175,7 +175,7 @@ class InMemoryRelay:
         self, upstream_resource, config: RelayConfig | None = None, *, dumps=None, clock=None, more_upstreams=None
     ):
         self.clock = clock if clock is not None else MemoryReactorClock()
-        self.config = config or RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None)
+        self.config = config or RelayConfig(listen=(), upstreams=one_upstream(UPSTREAM_URL), dump_dir=None)
         self.network = MemoryNetwork(self.clock)
         self.network.listen(b"upstream.test", 80, Site(upstream_resource, reactor=self.clock))
         if more_upstreams:

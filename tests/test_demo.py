@@ -173,11 +173,11 @@ class SessionTests(_SessionCase):
         Behind the relay the same strict session survives: no duplicate
         reaches the client, and each reused id arrives renamed X-2.
         """
-        from twisted_relay.config import RelayConfig
+        from twisted_relay.config import RelayConfig, one_upstream
         from twisted_relay.service import Relay, RelaySite
 
         _, upstream = self.serve(mode="strict", reuse_every=3)
-        relay = Relay(RelayConfig(listen=(), upstream=upstream, dump_dir=None), reactor)
+        relay = Relay(RelayConfig(listen=(), upstreams=one_upstream(upstream), dump_dir=None), reactor)
         relay.service.startService()
         self.addCleanup(relay.service.stopService)
         base_url = self.listen(RelaySite(relay.resource()))

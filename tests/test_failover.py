@@ -19,7 +19,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
-from twisted_relay.config import RelayConfig, Route, Target, Upstream
+from twisted_relay.config import RelayConfig, Route, Target, Upstream, one_upstream
 from twisted_relay.service import Relay, RelaySite
 
 from tests.faulty_upstream import (
@@ -342,7 +342,7 @@ class OneUpstreamTests(RelayOverUpstreams, TestCase):
         """The one-upstream relay names its upstream ``default``; its key replaces the client's."""
         self.a, url_a = self.upstream()
         self.a.script(Answer(200, ujson.dumps(message_json()).encode()))
-        self.start_relay([], upstream=url_a, upstream_key=KEY_A)
+        self.start_relay(one_upstream(url_a, key=KEY_A))
         response, _ = await self.post(messages_body())
         self.assertEqual(served_by(response), "default")
         self.assertEqual(self.a.received[0].header(b"x-api-key"), [KEY_A.encode()])

@@ -22,6 +22,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from twisted_relay._version import __version__
+from twisted_relay.config import one_upstream
 from twisted_relay.dumps import DumpRequest, build_dump, render_dump, write_once
 from twisted_relay.replay import main as replay_main
 from twisted_relay.simulated.cli import build_parser
@@ -78,7 +79,7 @@ class PathEscapeTests(FaultTestCase):
         encoded slash or backslash, percent-encoded once or twice) gets an
         Anthropic-shaped 404 and nothing reaches the upstream.
         """
-        self.start_relay(upstream_key=UPSTREAM_KEY, upstream=self.upstream_url + "/base")
+        self.start_relay(upstreams=one_upstream(self.upstream_url + "/base", key=UPSTREAM_KEY))
         for path in ESCAPING_MODEL_PATHS:
             response = await self.get(path)
             self.assertIn(response.status, (400, 404), path)
@@ -90,7 +91,7 @@ class PathEscapeTests(FaultTestCase):
 
     async def test_plain_model_id_relayed(self):
         """A plain model id (and the model list) still reach the upstream, under its base path."""
-        self.start_relay(upstream_key=UPSTREAM_KEY, upstream=self.upstream_url + "/base")
+        self.start_relay(upstreams=one_upstream(self.upstream_url + "/base", key=UPSTREAM_KEY))
         for path in (b"/v1/models/claude-sonnet-4-5", b"/v1/models/claude-3.5%20x?beta=true", b"/v1/models"):
             response = await self.get(path)
             self.assertEqual(response.status, 200, path)
@@ -185,7 +186,7 @@ class EchoedKeyTests(FaultTestCase):
         replaced by ``[REDACTED]``; a relay key echoed in a 500 too.
         """
         relay_key = "rk-fixes-relay/key"
-        self.start_relay(upstream_key=UPSTREAM_KEY, relay_keys=(relay_key,))
+        self.start_relay(upstreams=one_upstream(self.upstream_url, key=UPSTREAM_KEY), relay_keys=(relay_key,))
         self.upstream.script(
             error_answer(401, "authentication_error", "invalid x-api-key: %s" % (UPSTREAM_KEY,)),
             Answer(500, b'{"type":"error","error":{"type":"api_error","message":"got rk-fixes-relay\\/key"}}'),
@@ -207,7 +208,7 @@ class EchoedKeyTests(FaultTestCase):
         with the error event's type and shape kept, the key nowhere: not in
         the headers, not in the body.
         """
-        self.start_relay(upstream_key=UPSTREAM_KEY)
+        self.start_relay(upstreams=one_upstream(self.upstream_url, key=UPSTREAM_KEY))
         error = ujson.dumps(
             {"type": "error", "error": {"type": "overloaded_error", "message": "busy for key %s" % (UPSTREAM_KEY,)}}
         ).encode("utf-8")

@@ -29,7 +29,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.http_headers import Headers
 from twisted.web.server import Site
 
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.errors import ERROR_TYPES
 from twisted_relay.service import Relay, RelaySite
 from twisted_relay.simulated import SimulatedUpstream
@@ -454,7 +454,7 @@ class InMemoryFuzzTests(AnswerJudge, SynchronousTestCase):
         RFC 9110 allows. ``content-type`` is fuzzed on a real socket, where
         the relay's own ``Site`` parses it.)
         """
-        config = RelayConfig(listen=(), upstream="http://upstream.test", dump_dir=None, relay_keys=(RELAY_KEY,))
+        config = RelayConfig(listen=(), upstreams=one_upstream("http://upstream.test"), dump_dir=None, relay_keys=(RELAY_KEY,))
         self.relay = InMemoryRelay(self.upstream.resource(), config, clock=self.clock)
 
         @settings(max_examples=400, **_FUZZ)
@@ -518,7 +518,7 @@ class RealSocketFuzzTests(AnswerJudge, TestCase):
         upstream_port = reactor.listenTCP(0, upstream_site, interface="127.0.0.1")
         self.addCleanup(upstream_port.stopListening)
         config = RelayConfig(
-            listen=(), upstream="http://127.0.0.1:%d" % (upstream_port.getHost().port,), dump_dir=None,
+            listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (upstream_port.getHost().port,)), dump_dir=None,
             request_read_timeout=0.5,
         )
         relay = Relay(config, reactor)

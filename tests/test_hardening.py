@@ -23,7 +23,7 @@ from twisted.web.server import Site
 
 from tests.helpers import UPSTREAM_URL, InMemoryRelay, encode, messages_body
 from twisted_relay.app import _retry_after
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.logs import json_stdout
 from twisted_relay.service import Relay
 from twisted_relay.simulated import SimulatedUpstream
@@ -45,7 +45,7 @@ class MetricsTests(SynchronousTestCase):
         clock = MemoryReactorClock()
         sim = SimulatedUpstream(mode="strict", seed=2, reuse_every=1, reactor=clock)
         relay = InMemoryRelay(
-            sim.resource(), RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None), clock=clock
+            sim.resource(), RelayConfig(listen=(), upstreams=one_upstream(UPSTREAM_URL), dump_dir=None), clock=clock
         )
         history = [
             {"role": "user", "content": "go"},
@@ -227,7 +227,7 @@ class SiteTests(TestCase):
         )
         self.addCleanup(sim_port.stopListening)
         config = RelayConfig(
-            listen=(), upstream="http://127.0.0.1:%d" % (sim_port.getHost().port,), dump_dir=None
+            listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (sim_port.getHost().port,)), dump_dir=None
         ).with_changes(**settings)
         relay = Relay(config, reactor)
         relay.service.startService()

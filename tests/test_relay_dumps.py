@@ -17,7 +17,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from twisted_relay.app import RelayApp
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.dumps import DumpWriter
 from twisted_relay.simulated import SimulatedUpstream
 from twisted_relay.site import RelaySite
@@ -60,17 +60,17 @@ class RelayDumpTests(TestCase):
     Every 4xx the upstream returns leaves exactly one complete dump.
     """
 
-    def start(self, upstream_resource, writer_class=DumpWriter, **settings):
+    def start(self, upstream_resource, writer_class=DumpWriter, ids="unique", **settings):
         port = reactor.listenTCP(0, Site(upstream_resource), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         upstream_url = "http://127.0.0.1:%d" % (port.getHost().port,)
         self.dump_dir = self.mktemp()
-        config = RelayConfig(listen=(), upstream=upstream_url, dump_dir=self.dump_dir).with_changes(**settings)
+        config = RelayConfig(listen=(), upstreams=one_upstream(upstream_url, ids=ids), dump_dir=self.dump_dir).with_changes(**settings)
         writer = writer_class(
             self.dump_dir,
             reactor=reactor,
             secrets=config.secrets(),
-            settings={"version": "test", "upstream": upstream_url, "upstream_ids": config.upstream_ids},
+            settings={"version": "test", "upstream": upstream_url, "upstream_ids": config.upstreams[0].ids},
         )
         writer.startService()
         self.writer = writer
@@ -105,7 +105,7 @@ class RelayDumpTests(TestCase):
         duplicates it is sent: the client gets the upstream's 400 untouched,
         and one dump holds every field, with no key anywhere in its bytes.
         """
-        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource(), upstream_ids="original")
+        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource(), ids="original")
         code, answer = await self.post(base, messages_body(HISTORY))
         self.assertEqual(code, 400)
         self.assertIn(b"ids must be unique", answer)
@@ -171,7 +171,7 @@ class RelayDumpTests(TestCase):
         its answer and other clients are answered as usual.
         """
         base = self.start(
-            SimulatedUpstream(mode="strict", seed=1).resource(), GatedDumpWriter, upstream_ids="original"
+            SimulatedUpstream(mode="strict", seed=1).resource(), GatedDumpWriter, ids="original"
         )
         code, _ = await self.post(base, messages_body(HISTORY))
         self.assertEqual(code, 400)

@@ -20,6 +20,7 @@ from twisted.web.server import Site
 from twisted.web.static import Data
 
 from twisted_relay import Relay, RelayConfig, make_service
+from twisted_relay.config import one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 
 from tests.helpers import encode, messages_body
@@ -49,7 +50,7 @@ class EmbeddingTests(TestCase):
 
         application = MultiService()
         relay = Relay(
-            RelayConfig(listen=(), upstream="http://127.0.0.1:%d" % (sim_port.getHost().port,), dump_dir=None),
+            RelayConfig(listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (sim_port.getHost().port,)), dump_dir=None),
             reactor,
         )
         relay.service.setServiceParent(application)
@@ -86,7 +87,7 @@ class EmbeddingTests(TestCase):
         service = make_service(
             RelayConfig(
                 listen=("tcp:%d:interface=127.0.0.1" % (relay_port,),),
-                upstream="http://127.0.0.1:%d" % (sim_port.getHost().port,),
+                upstreams=one_upstream("http://127.0.0.1:%d" % (sim_port.getHost().port,)),
                 dump_dir=None,
             ),
             reactor,

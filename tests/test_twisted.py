@@ -20,7 +20,7 @@ from twisted.web import http
 from twisted.web.server import Site
 
 from twisted_relay import _twisted
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 
 from tests.helpers import encode, messages_body
@@ -156,7 +156,7 @@ class FallbackTests(TestCase):
         upstream_port = reactor.listenTCP(0, upstream_site, interface="127.0.0.1")
         self.addCleanup(upstream_port.stopListening)
         config = RelayConfig(
-            listen=(), upstream="http://127.0.0.1:%d" % (upstream_port.getHost().port,), dump_dir=None
+            listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (upstream_port.getHost().port,)), dump_dir=None
         )
         relay = Relay(config, reactor)
         relay.service.startService()
@@ -238,7 +238,7 @@ class ConnectionHeaderFallbackTests(TestCase):
                 b"X-Keep: yes\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
             )
         )
-        relay = Relay(RelayConfig(listen=(), upstream=upstream_url, dump_dir=None), reactor)
+        relay = Relay(RelayConfig(listen=(), upstreams=one_upstream(upstream_url), dump_dir=None), reactor)
         relay.service.startService()
         self.addCleanup(relay.service.stopService)
         port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
