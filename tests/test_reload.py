@@ -129,7 +129,7 @@ class ReloadTests(TestCase):
         self.assertEqual(signal.getsignal(signal.SIGHUP), former)
 
 
-class FileUpstreamsTodayTests(TestCase):
+class FileUpstreamsTests(TestCase):
     """
     A relay started with a file of upstreams (and no routes) sends every
     model to the file's first upstream, with the first key of its pool:

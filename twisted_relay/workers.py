@@ -294,7 +294,7 @@ class WorkerProcesses(Service):
         self.log.info("Started relay {relay_worker} (pid {pid})", relay_worker=name, pid=self._pids[name])
 
     def _worker_said(self, name: str, fd: int, line: bytes) -> None:
-        line = line.strip(b"\x1e\r")
+        line = line.strip(b"\r")
         if not line.strip():
             return
         if fd == 1:
