@@ -56,8 +56,8 @@ class ReloadTests(TestCase):
         self.path = folder.child("relay.toml")
         self.write("small-model")
         options = Options()
-        options.parseOptions(["--config", self.path.path])
-        self.relay = Relay(options.config, reactor)
+        options.parseOptions(["--config", self.path.path, "--breaker-failures", "7"])
+        self.relay = Relay(options.config, reactor, command_line=options.command_line)
         self.events = []
         globalLogPublisher.addObserver(self.events.append)
         self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
@@ -91,6 +91,14 @@ class ReloadTests(TestCase):
         self.assertEqual(self.relay.config.routes[0].targets[0], Target("local", "smaller-model"))
         self.assertEqual(self.relay.router.state("local"), "open")
         self.assertTrue(any("Configuration reloaded" in line for line in self.logged()))
+
+    def test_command_line_still_wins(self):
+        """The options the relay was started with still win over the file read again."""
+        self.assertEqual(self.relay.config.breaker_failures, 7)
+        self.write("small-model", CONFIG.replace("[relay]\n", "[relay]\nbreaker-failures = 5\nkey-rest = 60\n"))
+        result = self.relay.reload()
+        self.assertIsNone(result.error)
+        self.assertEqual((self.relay.config.breaker_failures, self.relay.config.key_rest), (7, 60.0))
 
     def test_invalid_file(self):
         """

@@ -2,14 +2,14 @@
 """
 The relay's settings, as plain frozen values.
 
-:class:`RelayConfig` is what the twistd plugin builds from its command line
-(and its ``--config`` file) and what an application embedding the relay
-builds itself (:mod:`twisted_relay.settings` builds it from a command line
-and a ``--config`` file). Its upstreams (:class:`Upstream`) and routes
-(:class:`Route`, each with its :class:`Target` list) say where each request
-may go; by default one upstream named ``default`` (Anthropic's API) and one
-route sending every model to every upstream in order. A relay of one
-upstream is written ``RelayConfig(upstreams=one_upstream(url, key=...))``.
+:class:`RelayConfig` is what :mod:`twisted_relay.settings` builds from a
+command line and a ``--config`` file (for ``twistd relay``, or for anyone),
+and what an application embedding the relay may build itself. Its upstreams
+(:class:`Upstream`) and routes (:class:`Route`, each with its
+:class:`Target` list) say where each request may go; by default one upstream
+named ``default`` (Anthropic's API) and one route sending every model to
+every upstream in order. A relay of one upstream is written
+``RelayConfig(upstreams=one_upstream(url, key=...))``.
 
 No repr here shows a key: an upstream's pool is shown by its size.
 """

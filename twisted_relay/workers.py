@@ -210,9 +210,9 @@ class WorkerProcesses(Service):
         listens on the addresses the first process bound (``listeners``).
     :param listeners: the first process's :class:`ReusePortListener` services,
         started before this one.
-    :param upstream: a callable giving the first upstream's base URL once
-        this service starts (the embedded simulated upstream's port is known
-        late).
+    :param upstream: a callable giving the embedded simulated upstream's
+        base URL once this service starts (its port is known late), which
+        the workers relay to under ``simulate``.
     :param command_line: the options given on the relay's command line,
         which each worker reads its file again with on reload.
     """
@@ -249,13 +249,13 @@ class WorkerProcesses(Service):
 
     def _set_environment(self) -> None:
         """The environment workers start with: this process's, with their configuration."""
-        first = self._config.upstreams[0]
         config = self._config.with_changes(
-            listen=tuple(_description(listener) for listener in self._listeners),
-            upstreams=(replace(first, url=self._upstream()),) + self._config.upstreams[1:],
-            simulate=None,
-            workers=1,
+            listen=tuple(_description(listener) for listener in self._listeners), simulate=None, workers=1
         )
+        if self._config.simulate:
+            # The workers relay to this process's simulated upstream.
+            first = replace(config.upstreams[0], url=self._upstream())
+            config = config.with_changes(upstreams=(first,) + config.upstreams[1:])
         env = dict(os.environ)
         env[_CONFIG_VARIABLE] = config_to_json(config)
         env[_COMMAND_LINE_VARIABLE] = json.dumps(self._command_line)
