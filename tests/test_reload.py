@@ -56,7 +56,7 @@ class ReloadTests(TestCase):
         self.path = folder.child("relay.toml")
         self.write("small-model")
         options = Options()
-        options.parseOptions(["--config", self.path.path, "--breaker-failures", "7"])
+        options.parseOptions(["--config", self.path.path, "--key-rest", "300"])
         self.relay = Relay(options.config, reactor, command_line=options.command_line)
         self.events = []
         globalLogPublisher.addObserver(self.events.append)
@@ -94,11 +94,11 @@ class ReloadTests(TestCase):
 
     def test_command_line_still_wins(self):
         """The options the relay was started with still win over the file read again."""
-        self.assertEqual(self.relay.config.breaker_failures, 7)
-        self.write("small-model", CONFIG.replace("[relay]\n", "[relay]\nbreaker-failures = 5\nkey-rest = 60\n"))
+        self.assertEqual(self.relay.config.key_rest, 300.0)
+        self.write("small-model", CONFIG.replace("[relay]\n", "[relay]\nbreaker-cooldown = 12\nkey-rest = 60\n"))
         result = self.relay.reload()
         self.assertIsNone(result.error)
-        self.assertEqual((self.relay.config.breaker_failures, self.relay.config.key_rest), (7, 60.0))
+        self.assertEqual((self.relay.config.breaker_cooldown, self.relay.config.key_rest), (12.0, 300.0))
 
     def test_invalid_file(self):
         """
