@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from twisted_relay.config import RelayConfig, Route, Target, Upstream, one_upstream
 from twisted_relay.configfile import ConfigFileError, load
-from twisted_relay.settings import reload_config
+from twisted_relay.settings import SettingsError, config_from, read_settings, reload_config
 from twisted_relay.tap import Options
 from twisted_relay.workers import config_from_json, config_to_json
 
@@ -521,3 +521,29 @@ class UpstreamThreadsTests(FileTestCase):
             ''')
         self.assertIn("threads", message)
         self.assertIn("relay or upstream", message)
+
+
+class SettingsFunctionTests(FileTestCase):
+    """
+    L{read_settings} and L{config_from} build what C{twistd relay} builds,
+    from the options given and the file, with no command line to parse.
+    """
+
+    def test_same_as_twistd(self):
+        """The same options and file give the same configuration as the parsed command line."""
+        path = self.write(EXAMPLE)
+        options = Options()
+        options.parseOptions(["--config", path, "--retries", "1", "-l", "tcp:0", "--no-dumps"])
+        self.assertEqual(options.command_line, {"retries": "1", "listen": ["tcp:0"], "no-dumps": True})
+        self.assertEqual(read_settings({"retries": "1", "listen": ["tcp:0"], "no-dumps": True}, path), options.config)
+        self.assertEqual(config_from(options.command_line, load(path, Options()._option_kinds())), options.config)
+
+    def test_same_errors(self):
+        """A mistake is a L{SettingsError} with the line C{twistd relay} shows."""
+        path = self.write(EXAMPLE.replace("retries = 2", 'retries = "many"'))
+        with self.assertRaises(UsageError) as parsed:
+            self.parse("--config", path)
+        with self.assertRaises(SettingsError) as built:
+            read_settings({}, path)
+        self.assertEqual(str(built.exception), str(parsed.exception))
+        self.assertIn("[relay] retries", str(built.exception))

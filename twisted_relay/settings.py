@@ -600,6 +600,7 @@ def reload_config(
         if f.init
         and f.compare
         and f.name not in RELOADED_SETTINGS
+        and f.name != "config_file"
         and not (worker and f.name in _WORKER_OWN)
         and getattr(fresh, f.name) != getattr(current, f.name)
         and getattr(fresh, f.name) != getattr(unset, f.name)
