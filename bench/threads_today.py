@@ -22,7 +22,7 @@ from twisted.internet import defer, task
 from twisted.internet.threads import deferToThread
 from twisted.web.server import Site
 
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.service import Relay, RelaySite
 from twisted_relay.simulated import SimulatedUpstream
 
@@ -99,7 +99,7 @@ async def run(reactor, turns: int, seed: int) -> list[tuple[str, str, dict]]:
             relay = relay_port = None
             if through_relay:
                 config = RelayConfig(
-                    listen=(), upstream=url, dump_dir=None, upstream_ids=UPSTREAM_IDS[options["mode"]]
+                    listen=(), upstreams=one_upstream(url, ids=UPSTREAM_IDS[options["mode"]]), dump_dir=None
                 )
                 relay = Relay(config, reactor)
                 relay.service.startService()

@@ -35,7 +35,7 @@ from treq.client import HTTPClient
 from zope.interface import implementer
 
 from twisted_relay.app import RelayApp
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.service import Relay, StartupError
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClients, _BytesProducer
@@ -180,7 +180,7 @@ class InMemoryRelay:
         self, upstream_resource, config: RelayConfig | None = None, *, dumps=None, clock=None, more_upstreams=None
     ):
         self.clock = clock if clock is not None else MemoryReactorClock()
-        self.config = config or RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None)
+        self.config = config or RelayConfig(listen=(), upstreams=one_upstream(UPSTREAM_URL), dump_dir=None)
         self.network = MemoryNetwork(self.clock)
         self.network.listen(b"upstream.test", 80, Site(upstream_resource, reactor=self.clock))
         # Each other upstream of the configuration at its own host (``http://NAME.test``).
@@ -299,7 +299,7 @@ def serve_relay_over_simulated(testcase, mode: str = "lenient", **settings) -> S
     upstream = reactor.listenTCP(0, Site(SimulatedUpstream(mode=mode).resource()), interface="127.0.0.1")
     testcase.addCleanup(upstream.stopListening)
     url = "http://127.0.0.1:%d" % (upstream.getHost().port,)
-    return serve_relay(testcase, RelayConfig(listen=(), upstream=url, dump_dir=None).with_changes(**settings), reactor)
+    return serve_relay(testcase, RelayConfig(listen=(), upstreams=one_upstream(url), dump_dir=None).with_changes(**settings), reactor)
 
 
 def readme() -> str:

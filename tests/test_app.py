@@ -11,7 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 
 from tests.helpers import UPSTREAM_URL, InMemoryRelay, encode, messages_body
@@ -88,7 +88,7 @@ class RelayTestMixin:
         if upstream is None:
             self.sim = SimulatedUpstream(mode="lenient", seed=3, reuse_every=0, reactor=clock)
         resource = self.sim.resource() if isinstance(self.sim, SimulatedUpstream) else self.sim
-        settings = dict(listen=(), upstream=UPSTREAM_URL, dump_dir=None)
+        settings = dict(listen=(), upstreams=one_upstream(UPSTREAM_URL), dump_dir=None)
         settings.update(config)
         return InMemoryRelay(resource, RelayConfig(**settings), clock=clock)
 
@@ -329,7 +329,7 @@ class ForwardingTests(RelayTestMixin, SynchronousTestCase):
         """
         relay = self.relay(
             SimulatedUpstream(mode="lenient", require_key="sk-upstream-secret"),
-            upstream_key="sk-upstream-secret",
+            upstreams=one_upstream(UPSTREAM_URL, key="sk-upstream-secret"),
         )
         d = relay.post("/v1/messages", messages_body(), headers={"x-api-key": ["sk-wrong"]})
         self.assertEqual(result(self, relay, d).code, 200)

@@ -15,8 +15,9 @@ from twisted.python.filepath import FilePath
 from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
-from twisted_relay.config import RelayConfig, Route, Target, Upstream
-from twisted_relay.configfile import ConfigFileError, load, reload_config
+from twisted_relay.config import RelayConfig, Route, Target, Upstream, one_upstream
+from twisted_relay.configfile import ConfigFileError, load
+from twisted_relay.settings import SettingsError, config_from, read_settings, reload_config
 from twisted_relay.tap import Options
 from twisted_relay.workers import config_from_json, config_to_json
 
@@ -130,10 +131,9 @@ class FileSettingsTests(FileTestCase):
         self.assertEqual(config.settings_for(anthropic).connect_timeout, 4.0)
         self.assertEqual(config.settings_for(local).max_connections, 8)
         self.assertEqual(config.config_file, os.path.abspath(self.folder.child("relay.toml").path))
-        # Until the request path reads the routes, the one-upstream settings
-        # the app still uses name the file's first upstream, not a default.
+        # The first upstream is the file's, not a default.
         self.assertEqual(
-            (config.upstream, config.upstream_key, config.upstream_ids),
+            (config.upstreams[0].url, config.upstreams[0].keys[0], config.upstreams[0].ids),
             ("https://api.anthropic.com", ENV_KEY, "unique"),
         )
         reversed_file = self.write(EXAMPLE.replace("[upstreams.anthropic]", "[upstreams.first]", 1)
@@ -235,10 +235,11 @@ class FileSettingsTests(FileTestCase):
         config = self.parse("--config", self.write(EXAMPLE))
         again = config_from_json(config_to_json(config))
         self.assertEqual(again, config)
-        self.assertEqual(again.command_line, config.command_line)
-        one = RelayConfig(upstream="http://127.0.0.1:5")
-        self.assertEqual(config_from_json(config_to_json(one)).with_changes(upstream="http://127.0.0.1:6").upstreams,
-                         (Upstream("default", "http://127.0.0.1:6"),))
+        one = RelayConfig(upstreams=one_upstream("http://127.0.0.1:5"))
+        self.assertEqual(
+            config_from_json(config_to_json(one)).with_changes(upstreams=one_upstream("http://127.0.0.1:6")).upstreams,
+            (Upstream("default", "http://127.0.0.1:6"),),
+        )
 
     def test_no_key_in_repr(self):
         """No repr of the parsed file or the configuration shows a key."""
@@ -411,13 +412,15 @@ class ReloadTests(FileTestCase):
         and is named.
         """
         path = self.write(EXAMPLE)
-        running = self.parse("--config", path, "--retries", "1")
+        options = Options()
+        options.parseOptions(["--config", path, "--retries", "1"])
+        running = options.config
         self.write(
             EXAMPLE.replace('model = "qwen3-coder"', 'model = "qwen3-coder-next"')
             .replace('listen = ["tcp:0:interface=127.0.0.1"]', 'listen = ["tcp:1:interface=127.0.0.1"]')
             .replace("retries = 2", "retries = 5")
         )
-        result = reload_config(running)
+        result = reload_config(running, options.command_line)
         self.assertIsNone(result.error)
         self.assertEqual(result.config.routes[0].targets[0], Target("local", "qwen3-coder-next"))
         self.assertEqual(result.config.listen, running.listen)
@@ -518,3 +521,29 @@ class UpstreamThreadsTests(FileTestCase):
             ''')
         self.assertIn("threads", message)
         self.assertIn("relay or upstream", message)
+
+
+class SettingsFunctionTests(FileTestCase):
+    """
+    L{read_settings} and L{config_from} build what C{twistd relay} builds,
+    from the options given and the file, with no command line to parse.
+    """
+
+    def test_same_as_twistd(self):
+        """The same options and file give the same configuration as the parsed command line."""
+        path = self.write(EXAMPLE)
+        options = Options()
+        options.parseOptions(["--config", path, "--retries", "1", "-l", "tcp:0", "--no-dumps"])
+        self.assertEqual(options.command_line, {"retries": "1", "listen": ["tcp:0"], "no-dumps": True})
+        self.assertEqual(read_settings({"retries": "1", "listen": ["tcp:0"], "no-dumps": True}, path), options.config)
+        self.assertEqual(config_from(options.command_line, load(path, Options()._option_kinds())), options.config)
+
+    def test_same_errors(self):
+        """A mistake is a L{SettingsError} with the line C{twistd relay} shows."""
+        path = self.write(EXAMPLE.replace("retries = 2", 'retries = "many"'))
+        with self.assertRaises(UsageError) as parsed:
+            self.parse("--config", path)
+        with self.assertRaises(SettingsError) as built:
+            read_settings({}, path)
+        self.assertEqual(str(built.exception), str(parsed.exception))
+        self.assertIn("[relay] retries", str(built.exception))

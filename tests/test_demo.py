@@ -173,12 +173,12 @@ class SessionTests(_SessionCase):
         Behind the relay the same strict session survives: no duplicate
         reaches the client, and each reused id arrives renamed X-2.
         """
-        from twisted_relay.config import RelayConfig
+        from twisted_relay.config import RelayConfig, one_upstream
 
         from tests.helpers import serve_relay
 
         _, upstream = self.serve(mode="strict", reuse_every=3)
-        base_url = serve_relay(self, RelayConfig(listen=(), upstream=upstream, dump_dir=None), reactor).url
+        base_url = serve_relay(self, RelayConfig(listen=(), upstreams=one_upstream(upstream), dump_dir=None), reactor).url
         report = await run_session(reactor, self.options(base_url, "--turns", "30"), io.StringIO())
         self.assertTrue(report.ok, report.failures)
         self.assertEqual(report.duplicates, [])

@@ -22,7 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.http_headers import Headers
 
 from twisted_relay.attempts import retry_after
-from twisted_relay.config import RelayConfig, Route, Target, Upstream
+from twisted_relay.config import RelayConfig, Route, Target, Upstream, one_upstream
 
 from tests.faulty_upstream import (
     Answer,
@@ -341,7 +341,7 @@ class OneUpstreamTests(RelayOverUpstreams, TestCase):
         """The one-upstream relay names its upstream ``default``; its key replaces the client's."""
         self.a, url_a = self.upstream()
         self.a.script(Answer(200, ujson.dumps(message_json()).encode()))
-        self.start_relay([], upstream=url_a, upstream_key=KEY_A)
+        self.start_relay(one_upstream(url_a, key=KEY_A))
         response, _ = await self.post(messages_body())
         self.assertEqual(served_by(response), "default")
         self.assertEqual(self.a.received[0].header(b"x-api-key"), [KEY_A.encode()])

@@ -29,7 +29,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed
 
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.service import Relay
 
 from tests.faulty_upstream import (
@@ -194,7 +194,7 @@ class FaultTestCase(TestCase):
 
     def start_relay(self, upstream_url: str | None = None, **settings) -> Relay:
         """Start a relay on 127.0.0.1 in front of the faulty upstream (or ``upstream_url``)."""
-        config = RelayConfig(listen=(), upstream=upstream_url or self.upstream_url, dump_dir=None)
+        config = RelayConfig(listen=(), upstreams=one_upstream(upstream_url or self.upstream_url), dump_dir=None)
         served = serve_relay(self, config.with_changes(**{**FAST, **settings}), reactor)
         self.relays.append(served.relay)
         self.relay = served.relay
@@ -850,7 +850,7 @@ class RelayKeyTests(FaultTestCase):
         reaches the upstream; the right key, in ``x-api-key`` or as a
         bearer token, is let through and replaced by the upstream key.
         """
-        self.start_relay(relay_keys=(RELAY_KEY,), upstream_key=UPSTREAM_KEY)
+        self.start_relay(relay_keys=(RELAY_KEY,), upstreams=one_upstream(self.upstream_url, key=UPSTREAM_KEY))
         for headers in (
             {"x-api-key": [""]},
             {"x-api-key": ["rk-wrong"]},

@@ -29,14 +29,13 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.http_headers import Headers
 from twisted.web.server import Site
 
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.errors import ERROR_TYPES
-from twisted_relay.service import Relay, RelaySite
 from twisted_relay.simulated import SimulatedUpstream
 from twisted_relay.upstream import _BytesProducer
 
 from tests.faulty_upstream import parse_response
-from tests.helpers import InMemoryRelay, encode, messages_body
+from tests.helpers import InMemoryRelay, encode, messages_body, serve_relay
 
 RELAY_KEY = "rk-fuzz-key"
 _FUZZ = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=True)
@@ -454,7 +453,7 @@ class InMemoryFuzzTests(AnswerJudge, SynchronousTestCase):
         RFC 9110 allows. ``content-type`` is fuzzed on a real socket, where
         the relay's own ``Site`` parses it.)
         """
-        config = RelayConfig(listen=(), upstream="http://upstream.test", dump_dir=None, relay_keys=(RELAY_KEY,))
+        config = RelayConfig(listen=(), upstreams=one_upstream("http://upstream.test"), dump_dir=None, relay_keys=(RELAY_KEY,))
         self.relay = InMemoryRelay(self.upstream.resource(), config, clock=self.clock)
 
         @settings(max_examples=400, **_FUZZ)
@@ -518,16 +517,10 @@ class RealSocketFuzzTests(AnswerJudge, TestCase):
         upstream_port = reactor.listenTCP(0, upstream_site, interface="127.0.0.1")
         self.addCleanup(upstream_port.stopListening)
         config = RelayConfig(
-            listen=(), upstream="http://127.0.0.1:%d" % (upstream_port.getHost().port,), dump_dir=None,
-            request_read_timeout=0.5,
+            listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (upstream_port.getHost().port,)), dump_dir=None,
+            request_read_timeout=0.5, max_body=64 * 1024,
         )
-        relay = Relay(config, reactor)
-        relay.service.startService()
-        self.addCleanup(relay.service.stopService)
-        site = RelaySite(relay.resource(), max_body=64 * 1024, request_read_timeout=0.5)
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        self.port = port.getHost().port
+        self.port = serve_relay(self, config, reactor).port
         self.framing_refusals = 0
 
     def exchange(self, request: bytes) -> bytes:

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 
 from tests.helpers import UPSTREAM_URL, InMemoryRelay, messages_body, serve_relay_over_simulated
@@ -31,7 +31,7 @@ class MetricsTests(SynchronousTestCase):
         clock = MemoryReactorClock()
         sim = SimulatedUpstream(mode="strict", seed=2, reuse_every=1, reactor=clock)
         relay = InMemoryRelay(
-            sim.resource(), RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None), clock=clock
+            sim.resource(), RelayConfig(listen=(), upstreams=one_upstream(UPSTREAM_URL), dump_dir=None), clock=clock
         )
         history = [
             {"role": "user", "content": "go"},

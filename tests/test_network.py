@@ -18,7 +18,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 from zope.interface import implementer
 from twisted.internet.interfaces import IPushProducer
 
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 
 from tests.faulty_upstream import Stream, parse_response, sse_events
 from tests.helpers import encode, messages_body, readme, serve_relay
@@ -165,7 +165,7 @@ class NetworkTestMixin:
         return "http://127.0.0.1:%d" % (port.getHost().port,)
 
     def start_relay(self, upstream_url: str, **settings) -> str:
-        config = RelayConfig(listen=(), upstream=upstream_url, dump_dir=None)
+        config = RelayConfig(listen=(), upstreams=one_upstream(upstream_url), dump_dir=None)
         return serve_relay(self, config.with_changes(**settings), reactor).url
 
 

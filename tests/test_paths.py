@@ -10,6 +10,7 @@ from __future__ import annotations
 import ujson
 from twisted.trial.unittest import SynchronousTestCase
 
+from twisted_relay.config import one_upstream
 from twisted_relay.upstream import display_url
 
 from tests.faulty_upstream import parse_response
@@ -48,7 +49,7 @@ class PathEscapeTests(FaultTestCase):
         encoded slash or backslash, percent-encoded once or twice) gets an
         Anthropic-shaped 404 and nothing reaches the upstream.
         """
-        self.start_relay(upstream_key=UPSTREAM_KEY, upstream=self.upstream_url + "/base")
+        self.start_relay(upstreams=one_upstream(self.upstream_url + "/base", key=UPSTREAM_KEY))
         for path in ESCAPING_MODEL_PATHS:
             response = await self.get(path)
             self.assertIn(response.status, (400, 404), path)
@@ -60,7 +61,7 @@ class PathEscapeTests(FaultTestCase):
 
     async def test_plain_model_id_relayed(self):
         """A plain model id (and the model list) still reach the upstream, under its base path."""
-        self.start_relay(upstream_key=UPSTREAM_KEY, upstream=self.upstream_url + "/base")
+        self.start_relay(upstreams=one_upstream(self.upstream_url + "/base", key=UPSTREAM_KEY))
         for path in (b"/v1/models/claude-sonnet-4-5", b"/v1/models/claude-3.5%20x?beta=true", b"/v1/models"):
             response = await self.get(path)
             self.assertEqual(response.status, 200, path)

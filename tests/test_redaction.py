@@ -11,6 +11,7 @@ import ujson
 
 from tests.faulty_upstream import Answer, RawBytes, error_answer, sse_events
 from tests.test_faults import UPSTREAM_KEY, FaultTestCase
+from twisted_relay.config import one_upstream
 
 
 class EchoedKeyTests(FaultTestCase):
@@ -23,7 +24,7 @@ class EchoedKeyTests(FaultTestCase):
         replaced by ``[REDACTED]``; a relay key echoed in a 500 too.
         """
         relay_key = "rk-fixes-relay/key"
-        self.start_relay(upstream_key=UPSTREAM_KEY, relay_keys=(relay_key,))
+        self.start_relay(upstreams=one_upstream(self.upstream_url, key=UPSTREAM_KEY), relay_keys=(relay_key,))
         self.upstream.script(
             error_answer(401, "authentication_error", "invalid x-api-key: %s" % (UPSTREAM_KEY,)),
             Answer(500, b'{"type":"error","error":{"type":"api_error","message":"got rk-fixes-relay\\/key"}}'),
@@ -45,7 +46,7 @@ class EchoedKeyTests(FaultTestCase):
         with the error event's type and shape kept, the key nowhere: not in
         the headers, not in the body.
         """
-        self.start_relay(upstream_key=UPSTREAM_KEY)
+        self.start_relay(upstreams=one_upstream(self.upstream_url, key=UPSTREAM_KEY))
         error = ujson.dumps(
             {"type": "error", "error": {"type": "overloaded_error", "message": "busy for key %s" % (UPSTREAM_KEY,)}}
         ).encode("utf-8")

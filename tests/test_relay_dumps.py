@@ -21,7 +21,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 
 from twisted_relay import dumps
 from twisted_relay.dumps import DumpRequest, build_dump, render_dump, write_once
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 
 from tests.helpers import encode, messages_body, serve_relay
@@ -62,12 +62,12 @@ class RelayDumpTests(TestCase):
     Every 4xx the upstream returns leaves exactly one complete dump.
     """
 
-    def start(self, upstream_resource, **settings):
+    def start(self, upstream_resource, ids="unique", **settings):
         port = reactor.listenTCP(0, Site(upstream_resource), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         upstream_url = "http://127.0.0.1:%d" % (port.getHost().port,)
         self.dump_dir = self.mktemp()
-        config = RelayConfig(listen=(), upstream=upstream_url, dump_dir=self.dump_dir).with_changes(**settings)
+        config = RelayConfig(listen=(), upstreams=one_upstream(upstream_url, ids=ids), dump_dir=self.dump_dir).with_changes(**settings)
         served = serve_relay(self, config, reactor)
         self.writer = served.relay.dumps
         return served.url
@@ -104,7 +104,7 @@ class RelayDumpTests(TestCase):
         duplicates it is sent: the client gets the upstream's 400 untouched,
         and one dump holds every field, with no key anywhere in its bytes.
         """
-        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource(), upstream_ids="original")
+        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource(), ids="original")
         code, answer = await self.post(base, messages_body(HISTORY))
         self.assertEqual(code, 400)
         self.assertIn(b"ids must be unique", answer)
@@ -169,7 +169,7 @@ class RelayDumpTests(TestCase):
         While a dump waits on a slow disk, the refused client already has
         its answer and other clients are answered as usual.
         """
-        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource(), upstream_ids="original")
+        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource(), ids="original")
         gate = self.slow_disk()
         code, _ = await self.post(base, messages_body(HISTORY))
         self.assertEqual(code, 400)

@@ -14,7 +14,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.helpers import UPSTREAM_URL, InMemoryRelay, messages_body
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.message_threads.model import THREADS_BETA, assemble_stream
 from twisted_relay.simulated import SimulatedUpstream
 
@@ -43,7 +43,7 @@ class _ThreadedRelay(SynchronousTestCase):
     def relay(self, threads: str = "ignore", **settings) -> InMemoryRelay:
         self.clock = MemoryReactorClock()
         self.upstream = SimulatedUpstream(mode="strict", seed=3, threads=threads, reactor=self.clock)
-        config = RelayConfig(listen=(), upstream=UPSTREAM_URL, dump_dir=None).with_changes(**settings)
+        config = RelayConfig(listen=(), upstreams=one_upstream(UPSTREAM_URL), dump_dir=None).with_changes(**settings)
         return InMemoryRelay(self.upstream.resource(), config, clock=self.clock)
 
     def call(self, relay: InMemoryRelay, body: dict, key: str = "sk-test-client") -> tuple[int, dict]:
@@ -227,7 +227,7 @@ class PassedThroughThreadTests(_ThreadedRelay):
         self.clock = MemoryReactorClock()
         self.upstream = SimulatedUpstream(mode="stateful", seed=3, threads="knows", reactor=self.clock)
         config = RelayConfig(
-            listen=(), upstream=UPSTREAM_URL, dump_dir=None, upstream_ids="original", threads="upstream"
+            listen=(), upstreams=one_upstream(UPSTREAM_URL, ids="original"), dump_dir=None, threads="upstream"
         ).with_changes(**settings)
         return InMemoryRelay(self.upstream.resource(), config, clock=self.clock)
 

@@ -1,6 +1,7 @@
 """
 Tests for reloading a running relay's configuration file: L{Relay.reload},
-and SIGHUP doing it in a running ``twistd relay`` service.
+called by an application that embeds the relay or by SIGHUP in a running
+``twistd relay`` service.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from twisted.python.filepath import FilePath
 from twisted.trial.unittest import TestCase
 
 from twisted_relay import Relay
-from twisted_relay.config import Target
+from twisted_relay.config import RelayConfig, Target, one_upstream
 from twisted_relay.tap import Options
 
 SECRET = "sk-ant-reload-secret-0005"
@@ -55,8 +56,8 @@ class ReloadTests(TestCase):
         self.path = folder.child("relay.toml")
         self.write("small-model")
         options = Options()
-        options.parseOptions(["--config", self.path.path])
-        self.relay = Relay(options.config, reactor)
+        options.parseOptions(["--config", self.path.path, "--key-rest", "300"])
+        self.relay = Relay(options.config, reactor, command_line=options.command_line)
         self.events = []
         globalLogPublisher.addObserver(self.events.append)
         self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
@@ -90,6 +91,14 @@ class ReloadTests(TestCase):
         self.assertEqual(self.relay.config.routes[0].targets[0], Target("local", "smaller-model"))
         self.assertEqual(self.relay.router.state("local"), "open")
         self.assertTrue(any("Configuration reloaded" in line for line in self.logged()))
+
+    def test_command_line_still_wins(self):
+        """The options the relay was started with still win over the file read again."""
+        self.assertEqual(self.relay.config.key_rest, 300.0)
+        self.write("small-model", CONFIG.replace("[relay]\n", "[relay]\nbreaker-cooldown = 12\nkey-rest = 60\n"))
+        result = self.relay.reload()
+        self.assertIsNone(result.error)
+        self.assertEqual((self.relay.config.breaker_cooldown, self.relay.config.key_rest), (12.0, 300.0))
 
     def test_invalid_file(self):
         """
@@ -128,7 +137,7 @@ class ReloadTests(TestCase):
         self.assertEqual(signal.getsignal(signal.SIGHUP), former)
 
 
-class FileUpstreamsTodayTests(TestCase):
+class FileUpstreamsTests(TestCase):
     """
     A relay started with a file of upstreams (and no routes) sends every
     model to the file's first upstream, with the first key of its pool:
@@ -175,3 +184,66 @@ class FileUpstreamsTodayTests(TestCase):
         self.assertEqual(response.code, 200, await response.text())
         await response.content()
         self.assertEqual(len(sim.requests), 1)
+
+
+class EmbeddedReloadTests(TestCase):
+    """
+    An application that embeds the relay (no twistd, no command line)
+    reloads its configuration file through L{Relay.reload}.
+    """
+
+    async def test_reload_takes_effect(self):
+        """
+        A relay built in code with a C{config_file} takes the file's
+        upstreams and routes on reload: the next request goes to the new
+        upstream, with its key and the route's model; a setting the file
+        leaves alone (C{listen}, empty for a mounted relay) is no change.
+        """
+        import treq
+        from twisted.web.server import Site
+
+        from tests.helpers import serve_relay
+        from twisted_relay.simulated import SimulatedUpstream
+
+        sim = SimulatedUpstream(mode="lenient", require_key=SECRET)
+        sim_port = reactor.listenTCP(0, Site(sim.resource()), interface="127.0.0.1")
+        self.addCleanup(sim_port.stopListening)
+        folder = FilePath(self.mktemp())
+        folder.makedirs()
+        path = folder.child("relay.toml")
+        path.setContent(b"")
+        config = RelayConfig(
+            listen=(), dump_dir=None, upstreams=one_upstream("http://127.0.0.1:1"), config_file=path.path
+        )
+        served = serve_relay(self, config, reactor)
+        relay = served.relay
+
+        async def post():
+            response = await treq.post(
+                served.url + "/v1/messages",
+                data=b'{"model": "claude-haiku-4-5", "max_tokens": 16, '
+                b'"messages": [{"role": "user", "content": "hi"}]}',
+                headers={"content-type": ["application/json"], "x-api-key": ["sk-ant-client-own"]},
+                persistent=False,
+            )
+            await response.content()
+            return response
+
+        self.assertNotEqual((await post()).code, 200)
+        self.assertEqual(len(sim.requests), 0)
+        path.setContent(
+            (
+                '[upstreams.sim]\nurl = "http://127.0.0.1:%d"\nkeys = ["%s"]\n\n'
+                '[[routes]]\nmodels = ["claude-haiku-*"]\ntargets = [{ upstream = "sim", model = "small-model" }]\n'
+                % (sim_port.getHost().port, SECRET)
+            ).encode()
+        )
+        result = relay.reload()
+        self.assertIsNone(result.error)
+        self.assertEqual(result.needs_restart, ())
+        self.assertEqual([u.name for u in relay.config.upstreams], ["sim"])
+        self.assertEqual(relay.config.listen, ())
+        self.assertEqual((await post()).code, 200)
+        self.assertEqual(len(sim.requests), 1)
+        self.assertEqual(sim.requests[0].body["model"], "small-model")
+        self.assertEqual(sim.requests[0].headers["x-api-key"], SECRET)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from twisted_relay.config import RelayConfig, Route, Target, Upstream
+from twisted_relay.config import RelayConfig, Route, Target, Upstream, one_upstream
 from twisted_relay.routing import (
     CLIENT_GONE,
     FAILOVER_KINDS,
@@ -379,7 +379,7 @@ class RouteMatchingTests(SynchronousTestCase):
         A configuration without upstreams has the one upstream ``default``
         and a route that sends every model to it, as before.
         """
-        router = Router(RelayConfig(upstream="http://127.0.0.1:9", upstream_key="sk-ant-single"), Clock())
+        router = Router(RelayConfig(upstreams=one_upstream("http://127.0.0.1:9", key="sk-ant-single")), Clock())
         attempt = router.plan({"model": "anything"}, 10).first()
         self.assertEqual((attempt.upstream.name, attempt.upstream.url), ("default", "http://127.0.0.1:9"))
         self.assertEqual((attempt.key, attempt.key_index, attempt.model), ("sk-ant-single", 0, "anything"))
@@ -698,7 +698,8 @@ class NoKeyShownTests(SynchronousTestCase):
 
     def test_reprs(self):
         """Attempts, plans, upstreams and configurations show keys by count or position only."""
-        cfg = config(upstream_key="sk-ant-single-key", relay_keys=("sk-relay-key",))
+        cfg = config(relay_keys=("sk-relay-key",))
+        cfg = cfg.with_changes(upstreams=cfg.upstreams + one_upstream("http://127.0.0.1:9", key="sk-ant-single-key"))
         router = Router(cfg, Clock())
         plan = router.plan(body("claude-sonnet-4-5"), 10)
         attempt = plan.first()

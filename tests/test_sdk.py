@@ -13,7 +13,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.server import Site
 
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 
 from tests.helpers import TOOLS, serve_relay
@@ -90,7 +90,7 @@ class SDKTestMixin:
         return sim, "http://127.0.0.1:%d" % (port.getHost().port,)
 
     def serve_relay(self, upstream_url: str, **settings) -> str:
-        config = RelayConfig(listen=(), upstream=upstream_url, dump_dir=None).with_changes(**settings)
+        config = RelayConfig(listen=(), upstreams=one_upstream(upstream_url), dump_dir=None).with_changes(**settings)
         return serve_relay(self, config, reactor).url
 
 
@@ -218,7 +218,7 @@ class LongSessionTests(SDKTestMixin, TestCase):
         issued, with ``--upstream-ids original``: it gets its own ids back.
         """
         _, upstream = self.serve_upstream(mode="stateful", seed=9, reuse_every=3)
-        base = self.serve_relay(upstream, upstream_ids="original")
+        base = self.serve_relay(upstream, upstreams=one_upstream(upstream, ids="original"))
         self.assertSurvived(await deferToThread(run_session, base, self.TURNS, True))
 
     async def test_stateful_original_non_streaming(self):
@@ -226,5 +226,5 @@ class LongSessionTests(SDKTestMixin, TestCase):
         200 turns, non-streaming, stateful upstream, ``--upstream-ids original``.
         """
         _, upstream = self.serve_upstream(mode="stateful", seed=10, reuse_every=3)
-        base = self.serve_relay(upstream, upstream_ids="original")
+        base = self.serve_relay(upstream, upstreams=one_upstream(upstream, ids="original"))
         self.assertSurvived(await deferToThread(run_session, base, self.TURNS, False))

@@ -15,7 +15,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.server import Site
 
 from bench.threads_today import UPSTREAM_IDS, tool_runner_session
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.service import Relay
 from twisted_relay.simulated import SimulatedUpstream
 
@@ -31,7 +31,7 @@ class ToolRunnerThreadTests(TestCase):
 
     def relay(self, upstream: str, mode: str, relay_threads: str) -> tuple[str, Relay]:
         config = RelayConfig(
-            listen=(), upstream=upstream, dump_dir=None, upstream_ids=UPSTREAM_IDS[mode], threads=relay_threads
+            listen=(), upstreams=one_upstream(upstream, ids=UPSTREAM_IDS[mode]), dump_dir=None, threads=relay_threads
         )
         served = serve_relay(self, config, reactor)
         return served.url, served.relay
@@ -118,7 +118,7 @@ class StoreDownTests(TestCase):
         port = reactor.listenTCP(0, Site(simulated.resource()), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         config = RelayConfig(
-            listen=(), upstream="http://127.0.0.1:%d" % (port.getHost().port,), dump_dir=None,
+            listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (port.getHost().port,)), dump_dir=None,
             thread_store="redis://127.0.0.1:%d" % (free_port(),),
         )
         served = serve_relay(self, config, reactor)

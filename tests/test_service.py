@@ -20,6 +20,7 @@ from twisted.web.server import Site
 from twisted.web.static import Data
 
 from twisted_relay import Relay, RelayConfig, make_service
+from twisted_relay.config import one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 
 from tests.helpers import encode, messages_body
@@ -49,7 +50,7 @@ class EmbeddingTests(TestCase):
 
         application = MultiService()
         relay = Relay(
-            RelayConfig(listen=(), upstream="http://127.0.0.1:%d" % (sim_port.getHost().port,), dump_dir=None),
+            RelayConfig(listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (sim_port.getHost().port,)), dump_dir=None),
             reactor,
         )
         relay.service.setServiceParent(application)
@@ -86,7 +87,7 @@ class EmbeddingTests(TestCase):
         service = make_service(
             RelayConfig(
                 listen=("tcp:%d:interface=127.0.0.1" % (relay_port,),),
-                upstream="http://127.0.0.1:%d" % (sim_port.getHost().port,),
+                upstreams=one_upstream("http://127.0.0.1:%d" % (sim_port.getHost().port,)),
                 dump_dir=None,
             ),
             reactor,
@@ -168,3 +169,67 @@ class PluginTests(SynchronousTestCase):
             self.skipTest("twisted_relay is not installed; run the tests after pip install")
         for option in ("--listen", "--upstream", "--upstream-key", "--upstream-ids", "--max-body", "--simulate"):
             self.assertIn(option, out.stdout)
+
+
+def _relay_imports() -> dict[str, set[str]]:
+    """Each module of ``twisted_relay`` and the modules of ``twisted_relay`` it imports (anywhere in it)."""
+    import ast
+    from pathlib import Path
+
+    import twisted_relay
+
+    root = Path(twisted_relay.__file__).parent
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = ("twisted_relay",) + path.relative_to(root).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                submodules = {node.module + "." + alias.name for alias in node.names} & modules.keys()
+                imported |= submodules
+                if len(submodules) < len(node.names):
+                    imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+        graph[name] = {other for other in imported if other in modules and other != name}
+    return graph
+
+
+class SettingsLayerTests(SynchronousTestCase):
+    """
+    The settings modules sit below the services: nothing they import leads
+    back to the command line or the service, and they use no Twisted.
+    """
+
+    SETTINGS_MODULES = ("config", "configfile", "settings", "service", "tap", "workers", "worker_process")
+
+    def reachable(self, graph, start):
+        seen, todo = set(), [start]
+        while todo:
+            for other in graph[todo.pop()]:
+                if other not in seen:
+                    seen.add(other)
+                    todo.append(other)
+        return seen
+
+    def test_no_import_circle(self):
+        """No module of the settings and services imports, through any chain, a module that imports it back."""
+        graph = _relay_imports()
+        for name in self.SETTINGS_MODULES:
+            module = "twisted_relay." + name
+            self.assertNotIn(module, self.reachable(graph, module), module)
+
+    def test_settings_without_twisted(self):
+        """Building a configuration from a command line and a file loads no Twisted module."""
+        code = (
+            "import sys\n"
+            "from twisted_relay.settings import read_settings\n"
+            "read_settings({'upstream': 'http://127.0.0.1:9', 'retries': '2'})\n"
+            "print(sorted(m for m in sys.modules if m == 'twisted' or m.startswith('twisted.')))\n"
+        )
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.strip(), "[]")

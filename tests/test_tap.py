@@ -31,9 +31,9 @@ class OptionsTests(SynchronousTestCase):
         config = parse().config
         self.assertEqual(config.listen, (DEFAULT_LISTEN,))
         self.assertEqual(config.listen, ("tcp:8080:interface=127.0.0.1",))
-        self.assertEqual(config.upstream, DEFAULT_UPSTREAM)
-        self.assertIsNone(config.upstream_key)
-        self.assertEqual(config.upstream_ids, "unique")
+        self.assertEqual(config.upstreams[0].url, DEFAULT_UPSTREAM)
+        self.assertEqual(config.upstreams[0].keys, ())
+        self.assertEqual(config.upstreams[0].ids, "unique")
         self.assertEqual(config.max_body, 32 * MiB)
         self.assertIsNone(config.simulate)
         self.assertTrue(config.gc_tuning)
@@ -70,9 +70,9 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual(
             config.listen, ("tcp:9000:interface=127.0.0.1", "unix:/tmp/relay.sock")
         )
-        self.assertEqual(config.upstream, "http://127.0.0.1:8081")
-        self.assertEqual(config.upstream_key, "sk-test-upstream")
-        self.assertEqual(config.upstream_ids, "original")
+        self.assertEqual(config.upstreams[0].url, "http://127.0.0.1:8081")
+        self.assertEqual(config.upstreams[0].keys, ("sk-test-upstream",))
+        self.assertEqual(config.upstreams[0].ids, "original")
         self.assertEqual(config.connect_timeout, 2.5)
         self.assertEqual(config.response_timeout, 30)
         self.assertEqual(config.idle_timeout, 45)
@@ -119,7 +119,7 @@ class OptionsTests(SynchronousTestCase):
             __import__("os").environ, "get",
             lambda name, default=None: "sk-from-env" if name == "TWISTED_RELAY_UPSTREAM_KEY" else default,
         )
-        self.assertEqual(parse().config.upstream_key, "sk-from-env")
+        self.assertEqual(parse().config.upstreams[0].keys, ("sk-from-env",))
 
     def test_bad_values(self):
         """
@@ -239,3 +239,16 @@ class ThreadOptionsTests(SynchronousTestCase):
             options = Options()
             error = self.assertRaises(UsageError, options.parseOptions, argv)
             self.assertIn(named, str(error))
+
+
+class SettingsModesTests(SynchronousTestCase):
+    """The settings check thread modes without importing the Twisted modules that use them."""
+
+    def test_same_modes(self):
+        """``--threads`` and ``--simulate-threads`` take the modes their modules know."""
+        from twisted_relay import settings
+        from twisted_relay.message_threads.turns import THREAD_MODES
+        from twisted_relay.simulated.message_threads import THREAD_MODES as SIMULATED_THREAD_MODES
+
+        self.assertEqual(settings._THREAD_MODES, THREAD_MODES)
+        self.assertEqual(settings._SIMULATED_THREAD_MODES, SIMULATED_THREAD_MODES)

@@ -25,10 +25,10 @@ from twisted.web import http
 from twisted.web.server import Site
 
 from twisted_relay import _twisted
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 
-from tests.helpers import encode, messages_body
+from tests.helpers import encode, messages_body, serve_relay
 
 
 class ContractTests(SynchronousTestCase):
@@ -239,7 +239,6 @@ class FallbackTests(TestCase):
         """
         import treq
 
-        from twisted_relay.service import Relay, RelaySite
 
         sim = SimulatedUpstream(mode="strict", seed=2, reuse_every=1)
         upstream_site = Site(sim.resource())
@@ -249,17 +248,14 @@ class FallbackTests(TestCase):
         upstream_port = reactor.listenTCP(0, upstream_site, interface="127.0.0.1")
         self.addCleanup(upstream_port.stopListening)
         config = RelayConfig(
-            listen=(), upstream="http://127.0.0.1:%d" % (upstream_port.getHost().port,), dump_dir=None
+            listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (upstream_port.getHost().port,)), dump_dir=None
         )
-        relay = Relay(config, reactor)
-        relay.service.startService()
-        self.addCleanup(relay.service.stopService)
+        served = serve_relay(self, config, reactor)
+        relay = served.relay
         self.assertIs(type(relay.client._pool), web_client.HTTPConnectionPool)
         self.assertFalse(_twisted.send_now(object(), [b"x"]))
         self.assertIsNone(_twisted.one_send_request(b"GET", b"/", None, None, b"h"))
-        port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        url = "http://127.0.0.1:%d/v1/messages" % (port.getHost().port,)
+        url = served.url + "/v1/messages"
 
         # The upstream copies the history's id into its answer (reuse_every=1):
         # the client must get it translated, in streams and whole answers.
@@ -317,7 +313,6 @@ class ConnectionHeaderFallbackTests(TestCase):
         import treq
 
         from tests.faulty_upstream import FaultyUpstream, RawBytes
-        from twisted_relay.service import Relay, RelaySite
 
         upstream = FaultyUpstream(reactor)
         upstream_url = upstream.listen()
@@ -331,13 +326,9 @@ class ConnectionHeaderFallbackTests(TestCase):
                 b"X-Keep: yes\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
             )
         )
-        relay = Relay(RelayConfig(listen=(), upstream=upstream_url, dump_dir=None), reactor)
-        relay.service.startService()
-        self.addCleanup(relay.service.stopService)
-        port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
+        served = serve_relay(self, RelayConfig(listen=(), upstreams=one_upstream(upstream_url), dump_dir=None), reactor)
         response = await treq.post(
-            "http://127.0.0.1:%d/v1/messages" % (port.getHost().port,),
+            served.url + "/v1/messages",
             data=encode(messages_body(tools=False)),
             headers={"content-type": ["application/json"]},
             persistent=False,

@@ -14,7 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.test_configfile import FileTestCase
 from twisted_relay.config import RelayConfig, Upstream, rules_for
-from twisted_relay.configfile import reload_config
+from twisted_relay.settings import reload_config
 from twisted_relay.tap import Options
 from twisted_relay.translation import ANTHROPIC_ID_PATTERN, translate_request
 from twisted_relay.workers import config_from_json, config_to_json

@@ -2,12 +2,14 @@
 """
 The relay's settings, as plain frozen values.
 
-:class:`RelayConfig` is what the twistd plugin builds from its command line
-(and its ``--config`` file) and what an application embedding the relay
-builds itself. Its upstreams (:class:`Upstream`) and routes (:class:`Route`,
-each with its :class:`Target` list) say where each request may go; a
-configuration without them has one upstream named ``default`` (the
-``upstream`` settings) and one route sending every model to it.
+:class:`RelayConfig` is what :mod:`twisted_relay.settings` builds from a
+command line and a ``--config`` file (for ``twistd relay``, or for anyone),
+and what an application embedding the relay may build itself. Its upstreams
+(:class:`Upstream`) and routes (:class:`Route`, each with its
+:class:`Target` list) say where each request may go; by default one upstream
+named ``default`` (Anthropic's API) and one route sending every model to
+every upstream in order. A relay of one upstream is written
+``RelayConfig(upstreams=one_upstream(url, key=...))``.
 
 No repr here shows a key: an upstream's pool is shown by its size.
 """
@@ -30,14 +32,16 @@ __all__ = [
     "Target",
     "Upstream",
     "default_bodies_in_flight",
+    "every_upstream_route",
     "id_pattern_setting",
+    "one_upstream",
     "rules_for",
 ]
 
 MiB = 1024 * 1024
 DEFAULT_LISTEN = "tcp:8080:interface=127.0.0.1"
 DEFAULT_UPSTREAM = "https://api.anthropic.com"
-#: The name of the upstream the one-upstream settings describe.
+#: The name of the upstream the one-upstream options (``--upstream``...) describe.
 DEFAULT_UPSTREAM_NAME = "default"
 
 
@@ -122,6 +126,32 @@ class Route:
     body_over: int | None = None
 
 
+def one_upstream(
+    url: str = DEFAULT_UPSTREAM,
+    key: str | None = None,
+    *,
+    ids: str = "unique",
+    id_pattern: str | None = DEFAULT_ID_PATTERN,
+    own_ids: str | None = None,
+) -> tuple[Upstream]:
+    """
+    The upstreams of a relay with one upstream, named ``default``: what the
+    one-upstream options of ``twistd relay`` (``--upstream``,
+    ``--upstream-key``, ``--upstream-ids``, ``--upstream-id-pattern``,
+    ``--upstream-own-ids``) describe.
+
+    :param key: sent as ``x-api-key``; ``None`` passes the client's own
+        credentials through.
+    """
+    keys = (key,) if key else ()
+    return (Upstream(DEFAULT_UPSTREAM_NAME, url, keys, ids, id_pattern=id_pattern, own_ids=own_ids),)
+
+
+def every_upstream_route(upstreams: tuple[Upstream, ...]) -> tuple[Route]:
+    """The routes of a configuration that gives none: every model to every upstream, in order."""
+    return (Route(targets=tuple(Target(upstream.name) for upstream in upstreams)),)
+
+
 def parse_size(text: str) -> int:
     """
     A byte size as people write it: ``1048576``, ``512K``, ``32M``, ``1G``
@@ -159,14 +189,6 @@ class RelayConfig:
 
     :ivar listen: Twisted endpoint strings to serve on; empty when the relay
         is mounted in someone else's ``Site``.
-    :ivar upstream: base URL of the Anthropic-compatible upstream.
-    :ivar upstream_key: key sent upstream as ``x-api-key`` instead of the
-        client's credentials; ``None`` passes the client's own through.
-    :ivar upstream_ids: id policy towards the upstream, ``unique`` or
-        ``original`` (see ``docs/id-translation.md``).
-    :ivar upstream_id_pattern: the one upstream's ``id_pattern`` (see
-        :class:`Upstream`).
-    :ivar upstream_own_ids: the one upstream's ``own_ids``.
     :ivar connect_timeout: seconds to establish the upstream connection.
     :ivar response_timeout: seconds to wait for the upstream's response
         headers (a non-streaming answer sends them only when it is done).
@@ -220,11 +242,11 @@ class RelayConfig:
         starts, so full garbage collections no longer walk it
         (:mod:`twisted_relay.gctuning`); it changes the whole process, so
         only ``twistd relay`` turns it on.
-    :ivar upstreams: the backends, by name; empty: one upstream named
-        ``default`` made of ``upstream``, ``upstream_key`` and
-        ``upstream_ids`` (filled in when the configuration is made).
-    :ivar routes: in order; empty: one route sending every model to every
-        upstream in order (to ``default`` alone without ``upstreams``).
+    :ivar upstreams: the backends, in order (at least one); by default one
+        named ``default``, Anthropic's API with the clients' own
+        credentials. :func:`one_upstream` writes a single one.
+    :ivar routes: in order; empty (when made): one route sending every model
+        to every upstream in order (:func:`every_upstream_route`).
     :ivar breaker_failures: failures in a row after which an upstream (or
         a key of its pool) is skipped for ``breaker_cooldown``.
     :ivar breaker_cooldown: seconds a failing upstream or key is skipped
@@ -244,18 +266,11 @@ class RelayConfig:
     :ivar thread_max_bytes: conversation bytes the memory store holds at
         most (least recently used threads go first).
     :ivar config_file: the ``--config`` file these settings came from, read
-        again on reload; ``None`` when there is none.
-    :ivar command_line: the ``twistd relay`` arguments these settings came
-        from, parsed again on reload (the command line wins over the file);
-        ``None`` when there are none. Never shown by ``repr``.
+        again by :meth:`twisted_relay.service.Relay.reload`; ``None`` when
+        there is none.
     """
 
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
-    upstream: str = DEFAULT_UPSTREAM
-    upstream_key: str | None = None
-    upstream_ids: str = "unique"
-    upstream_id_pattern: str | None = DEFAULT_ID_PATTERN
-    upstream_own_ids: str | None = None
     connect_timeout: float = 10.0
     response_timeout: float = 600.0
     idle_timeout: float = 300.0
@@ -281,7 +296,7 @@ class RelayConfig:
     simulate_options: dict = field(default_factory=dict)
     workers: int = 1
     gc_tuning: bool = False
-    upstreams: tuple[Upstream, ...] = ()
+    upstreams: tuple[Upstream, ...] = one_upstream()
     routes: tuple[Route, ...] = ()
     breaker_failures: int = 3
     breaker_cooldown: float = 30.0
@@ -292,36 +307,12 @@ class RelayConfig:
     thread_max_count: int = 10_000
     thread_max_bytes: int = 512 * MiB
     config_file: str | None = None
-    command_line: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
-    # Whether ``upstreams`` were made from the one-upstream settings (and
-    # ``routes`` from the upstreams), so that a change makes them again.
-    _derived: bool = field(default=False, init=False, repr=False, compare=False)
-    _derived_routes: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        derived = not self.upstreams
-        if derived:
-            keys = (self.upstream_key,) if self.upstream_key else ()
-            object.__setattr__(
-                self,
-                "upstreams",
-                (
-                    Upstream(
-                        DEFAULT_UPSTREAM_NAME, self.upstream, keys, self.upstream_ids,
-                        id_pattern=self.upstream_id_pattern, own_ids=self.upstream_own_ids,
-                    ),
-                ),
-            )
-        else:
-            object.__setattr__(self, "upstreams", tuple(self.upstreams))
-        derived_routes = not self.routes
-        if derived_routes:
-            every = tuple(Target(upstream.name) for upstream in self.upstreams)
-            object.__setattr__(self, "routes", (Route(targets=every),))
-        else:
-            object.__setattr__(self, "routes", tuple(self.routes))
-        object.__setattr__(self, "_derived", derived)
-        object.__setattr__(self, "_derived_routes", derived_routes)
+        object.__setattr__(self, "upstreams", tuple(self.upstreams))
+        if not self.upstreams:
+            raise ValueError("a relay needs at least one upstream")
+        object.__setattr__(self, "routes", tuple(self.routes) or every_upstream_route(self.upstreams))
 
     def __repr__(self) -> str:
         shown = []
@@ -329,22 +320,18 @@ class RelayConfig:
             if not f.repr:
                 continue
             value = getattr(self, f.name)
-            if f.name == "upstream_key" and value is not None:
-                value = "<key>"
-            elif f.name == "relay_keys":
+            if f.name == "relay_keys":
                 value = "<%d keys>" % (len(value),)
             shown.append("%s=%r" % (f.name, value))
         return "RelayConfig(%s)" % (", ".join(shown),)
 
     def with_changes(self, **changes) -> "RelayConfig":
         """
-        A copy of this configuration with some settings changed. When the
-        upstreams were made from the one-upstream settings, they are made
-        again from the changed ones.
+        A copy of this configuration with some settings changed. New
+        upstreams without new routes keep the routes, unless those were the
+        default (every model to every upstream): then the default again.
         """
-        if self._derived and "upstreams" not in changes:
-            changes["upstreams"] = ()
-        if self._derived_routes and "routes" not in changes:
+        if "upstreams" in changes and "routes" not in changes and self.routes == every_upstream_route(self.upstreams):
             changes["routes"] = ()
         return replace(self, **changes)
 
@@ -368,15 +355,13 @@ class RelayConfig:
     def secrets(self) -> tuple[str, ...]:
         """Every key this configuration holds, for redaction."""
         pools = tuple(key for upstream in self.upstreams for key in upstream.keys)
-        return tuple(dict.fromkeys(s for s in (self.upstream_key,) + pools + tuple(self.relay_keys) if s))
+        return tuple(dict.fromkeys(s for s in pools + tuple(self.relay_keys) if s))
 
     def to_dict(self) -> dict:
         """Every setting as plain JSON-able values (keys included: keep it private)."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-        values["upstreams"] = [
-            {f.name: getattr(u, f.name) for f in fields(u)} for u in self.upstreams
-        ] if not self._derived else []
-        values["routes"] = [] if self._derived_routes else [
+        values["upstreams"] = [{f.name: getattr(u, f.name) for f in fields(u)} for u in self.upstreams]
+        values["routes"] = [
             {
                 "targets": [{"upstream": t.upstream, "model": t.model} for t in route.targets],
                 "models": list(route.models),

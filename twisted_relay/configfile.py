@@ -3,13 +3,14 @@
 The ``--config`` file: TOML with a ``[relay]`` table of command-line options,
 ``[upstreams.NAME]`` tables and ``[[routes]]`` (see ``docs/routing.md``).
 
-:func:`load` reads and checks a file and gives its settings as plain values;
-every mistake is a :class:`ConfigFileError` whose message is one line naming
-the file, the table and the key, and never holds a key's value.
-:func:`reload_config` reads the file of a running configuration again.
+:func:`load` reads and checks a file and gives its settings as plain values
+(:class:`FileSettings`); every mistake is a :class:`ConfigFileError` whose
+message is one line naming the file, the table and the key, and never holds
+a key's value. :mod:`twisted_relay.settings` merges them with the command
+line into a :class:`~twisted_relay.config.RelayConfig`, and reads the file
+again on reload.
 
-No Twisted here except in :func:`reload_config`, which parses the command
-line again through ``twisted_relay.tap``.
+No Twisted here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ except ModuleNotFoundError:  # Python 3.10
 
 from twisted_relay.config import (
     DEFAULT_UPSTREAM_NAME,
-    RelayConfig,
     Route,
     Target,
     Upstream,
@@ -40,9 +40,7 @@ __all__ = [
     "ConfigFileError",
     "FileSettings",
     "ONE_UPSTREAM_OPTIONS",
-    "RELOADED_SETTINGS",
     "load",
-    "reload_config",
 ]
 
 #: How an option of ``twistd relay`` takes its value: ``parameter`` (one
@@ -53,21 +51,6 @@ OptionKinds = Mapping[str, str]
 #: ``[upstreams]``; the file may not give them beside ``[upstreams]``.
 ONE_UPSTREAM_OPTIONS = (
     "upstream", "upstream-key", "upstream-ids", "upstream-id-pattern", "upstream-own-ids", "simulate",
-)
-
-#: The settings a reload changes; the others keep their running values
-#: until the relay is started again.
-RELOADED_SETTINGS = (
-    "upstream",
-    "upstream_key",
-    "upstream_ids",
-    "upstream_id_pattern",
-    "upstream_own_ids",
-    "upstreams",
-    "routes",
-    "breaker_failures",
-    "breaker_cooldown",
-    "key_rest",
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -477,70 +460,3 @@ def _targets(where: _Table, value, defined: tuple[str, ...]) -> tuple[Target, ..
             raise where.error(label + " model", "must be a model name")
         targets.append(Target(upstream, model))
     return tuple(targets)
-
-
-class ReloadResult:
-    """
-    What reading the file again gave.
-
-    :ivar config: the configuration to run with from now on (the running one
-        when the file was refused).
-    :ivar error: one line saying why the file was refused, or ``None``.
-    :ivar needs_restart: the settings whose new values were not applied,
-        since they take effect only when the relay starts (``listen``...).
-    """
-
-    def __init__(self, config: RelayConfig, error: str | None = None, needs_restart: tuple[str, ...] = ()):
-        self.config = config
-        self.error = error
-        self.needs_restart = needs_restart
-
-    def __repr__(self) -> str:
-        return "ReloadResult(error=%r, needs_restart=%r)" % (self.error, self.needs_restart)
-
-
-# The settings a worker process runs with in place of its command line's.
-_WORKER_OWN = ("listen", "workers", "simulate")
-
-
-def reload_config(current: RelayConfig, *, worker: bool = False) -> ReloadResult:
-    """
-    Read the file of a running configuration again, with its command line
-    (which still wins over the file).
-
-    A valid file gives a configuration whose :data:`RELOADED_SETTINGS` are
-    new and whose other settings are the running ones; an invalid one gives
-    the running configuration and one line saying why.
-
-    :param worker: the configuration is a worker process's (``--workers``),
-        whose listening addresses differ from its command line's by design.
-    """
-    from twisted.python.usage import UsageError
-
-    from twisted_relay.tap import Options
-
-    if current.config_file is None or current.command_line is None:
-        return ReloadResult(current, "the relay was not started with --config: there is no file to read again")
-    options = Options()
-    try:
-        options.parseOptions(list(current.command_line))
-    except UsageError as e:
-        return ReloadResult(current, str(e).splitlines()[0] if str(e) else "the configuration was refused")
-    fresh: RelayConfig = options.config
-    changes = {name: getattr(fresh, name) for name in RELOADED_SETTINGS}
-    if fresh.simulate is not None:
-        # The embedded simulated upstream (whose address a worker has in
-        # place of the command line's) stays the one upstream.
-        for name in ("upstream", "upstream_key", "upstream_ids", "upstream_id_pattern", "upstream_own_ids",
-                     "upstreams"):
-            del changes[name]
-    needs_restart = tuple(
-        f.name
-        for f in fields(RelayConfig)
-        if f.init
-        and f.compare
-        and f.name not in RELOADED_SETTINGS
-        and not (worker and f.name in _WORKER_OWN)
-        and getattr(fresh, f.name) != getattr(current, f.name)
-    )
-    return ReloadResult(current.with_changes(**changes), None, needs_restart)

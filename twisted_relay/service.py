@@ -7,6 +7,8 @@ application.
 ``config.listen``; ``Relay(config)`` gives the parts, for an application that
 mounts ``relay.resource()`` in its own ``Site`` and parents ``relay.service``
 so the connection pool and the dump writer live and stop with it.
+``Relay.reload()`` reads the ``--config`` file again (SIGHUP calls it under
+``twistd relay``; an embedding application calls it itself).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 from contextlib import contextmanager
+from typing import Mapping
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
@@ -26,20 +29,20 @@ from twisted.logger import Logger
 from twisted_relay import _twisted
 from twisted_relay._version import __version__
 from twisted_relay.app import RelayApp
-from twisted_relay.config import RelayConfig
-from twisted_relay.configfile import ReloadResult, reload_config
+from twisted_relay.config import DEFAULT_UPSTREAM_NAME, RelayConfig
 from twisted_relay.dumps import DumpWriter
 from twisted_relay.gctuning import GarbageCollectorTuning
 from twisted_relay.metrics import RelayMetrics, SharedMetricsFolder
 from twisted_relay.routing import Router
+from twisted_relay.settings import ListenCheck, ReloadResult, SettingsError, reload_config
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient, UpstreamClients, display_url
-from twisted_relay.workers import ReusePortListener, WorkerProcesses
+from twisted_relay.workers import ReusePortListener, WorkerProcesses, shareable
 
 # The services that accept connections: stopped before anything else.
 _LISTENERS = (StreamServerEndpointService, ReusePortListener)
 
-__all__ = ["Relay", "RelaySite", "StartupError", "make_service"]
+__all__ = ["Relay", "RelaySite", "StartupError", "listen_checker", "make_service"]
 
 
 class StartupError(Exception):
@@ -191,6 +194,9 @@ class _RelayService(MultiService):
 
     def startService(self):
         Service.startService(self)
+        # Twisted's internals the relay relies on are checked now, once
+        # (twisted_relay/_twisted.py); a part built earlier may have already.
+        _twisted.activate()
         started = []
         # Listeners first: a port in use fails the start before anything
         # else runs (nothing is served before the whole start is done).
@@ -280,13 +286,26 @@ class Relay:
         other worker processes when ``config.workers`` is above 1.
     :param worker: build one of those other workers (it shares the listening
         ports and starts no workers itself).
+    :param command_line: the options given on the command line ``config``
+        was built from (see :func:`twisted_relay.settings.config_from`);
+        :meth:`reload` reads ``config.config_file`` again with them. ``None``
+        (an application that embeds the relay): none.
     """
 
-    def __init__(self, config: RelayConfig, reactor=None, *, worker: bool = False):
+    def __init__(
+        self,
+        config: RelayConfig,
+        reactor=None,
+        *,
+        worker: bool = False,
+        command_line: Mapping[str, object] | None = None,
+    ):
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
+        self._reactor = reactor
         self._worker = worker
+        self._command_line = dict(command_line or {})
         self.router = Router(config, reactor)
         # Under --simulate, the one upstream (``default``) is the simulated
         # one, whose URL is known once it listens.
@@ -304,8 +323,10 @@ class Relay:
                 retention_bytes=config.dump_retention_bytes,
                 settings={
                     "version": __version__,
-                    "upstream": display_url(config.upstream) if not config.simulate else "simulated:" + config.simulate,
-                    "upstream_ids": config.upstream_ids,
+                    "upstream": (
+                        display_url(config.upstreams[0].url) if not config.simulate else "simulated:" + config.simulate
+                    ),
+                    "upstream_ids": config.upstreams[0].ids,
                 },
             )
         shared_metrics = None
@@ -357,7 +378,9 @@ class Relay:
         if not worker:
             self.service.describe = self._startup_fields
         if config.workers > 1 and not worker and shared:
-            self._workers = WorkerProcesses(reactor, config, shared, lambda: self.client.base_url)
+            self._workers = WorkerProcesses(
+                reactor, config, shared, lambda: self.client.base_url, command_line=self._command_line
+            )
             self._workers.setServiceParent(self.service)
         if config.config_file is not None and not worker:
             _ReloadOnHangup(reactor, self).setServiceParent(self.service)
@@ -365,19 +388,20 @@ class Relay:
     def _startup_fields(self) -> dict:
         """What the start-up line says: never a key, only whether there is one."""
         config = self.config
+        first = config.upstreams[0]
         if config.simulate:
             upstream = "simulated:%s at %s" % (config.simulate, self.client.base_url)
-        elif config.config_file is not None and not config._derived:
-            upstream = ", ".join("%s=%s" % (u.name, display_url(u.url)) for u in config.upstreams)
+        elif len(config.upstreams) == 1 and first.name == DEFAULT_UPSTREAM_NAME:
+            upstream = display_url(first.url)
         else:
-            upstream = display_url(config.upstream)
+            upstream = ", ".join("%s=%s" % (u.name, display_url(u.url)) for u in config.upstreams)
         return {
             "version": __version__,
             "listen": ", ".join(config.listen) or "(mounted in another site)",
             "upstream": upstream,
-            "upstream_ids": config.upstream_ids,
-            "upstream_key": "set" if config.upstream_key else "none (clients' own credentials pass through)",
-            "upstream_key_set": bool(config.upstream_key),
+            "upstream_ids": first.ids,
+            "upstream_key": "set" if first.keys else "none (clients' own credentials pass through)",
+            "upstream_key_set": bool(first.keys),
             "relay_keys": ("%d" % len(config.relay_keys)) if config.relay_keys else "none (every client is let in)",
             "relay_key_count": len(config.relay_keys),
             "dump_dir": os.path.abspath(config.dump_dir) if config.dump_dir else "off",
@@ -395,12 +419,21 @@ class Relay:
 
     def reload(self) -> ReloadResult:
         """
-        Read the configuration file again (with the command line, which
-        still wins). A valid one replaces :attr:`config` and :attr:`router`
-        for new requests; an invalid one is refused with one log line and
-        the running configuration stays.
+        Read the configuration file (``config.config_file``) again, with the
+        command line the relay was given if any (which still wins). A valid
+        one replaces the upstreams, routes and breaker settings of
+        :attr:`config`, and :attr:`router` and the upstream clients, for new
+        requests; an invalid one is refused with one log line and the
+        running configuration stays.
+
+        SIGHUP calls this under ``twistd relay``; an application that embeds
+        the relay calls it when it likes (in the reactor's thread).
+
+        :return: what the file gave (:class:`twisted_relay.settings.ReloadResult`).
         """
-        result = reload_config(self.config, worker=self._worker)
+        result = reload_config(
+            self.config, self._command_line, worker=self._worker, check_listen=listen_checker(self._reactor)
+        )
         if result.error is not None:
             _log.error("Configuration not reloaded; the running one stays: {error}", error=result.error)
             return result
@@ -429,6 +462,46 @@ class Relay:
         return result
 
 
-def make_service(config: RelayConfig, reactor=None) -> MultiService:
-    """The relay as one service that listens on ``config.listen``."""
-    return Relay(config, reactor).service
+def make_service(
+    config: RelayConfig, reactor=None, *, command_line: Mapping[str, object] | None = None
+) -> MultiService:
+    """
+    The relay as one service that listens on ``config.listen``.
+
+    :param command_line: the options given on the command line ``config``
+        was built from, read again with the file on reload (see :class:`Relay`).
+    """
+    return Relay(config, reactor, command_line=command_line).service
+
+
+def listen_checker(reactor=None) -> ListenCheck:
+    """
+    A check of ``--listen`` endpoints against the reactor, for
+    :func:`twisted_relay.settings.config_from`: each must parse as a Twisted
+    server endpoint, and be ``tcp:``/``tcp6:`` when worker processes share it.
+    """
+    if reactor is None:
+        from twisted.internet import reactor
+
+    def check(description: str, shared: bool) -> None:
+        if shared:
+            if not shareable(reactor, description):
+                raise SettingsError(
+                    "--workers shares tcp: and tcp6: endpoints only, not --listen %r." % (description,)
+                )
+            return
+        try:
+            endpoints.serverFromString(reactor, description)
+        except IndexError:
+            if description.startswith("systemd:"):
+                raise SettingsError(
+                    "--listen %r: systemd passed no socket at that index (run the relay from a "
+                    "systemd .socket unit, or under systemd-socket-activate)." % (description,)
+                )
+            raise SettingsError("--listen %r is not a valid endpoint." % (description,))
+        except OSError as e:
+            raise SettingsError("--listen %r: %s: %s" % (description, e.strerror or e, e.filename or ""))
+        except (ValueError, TypeError, KeyError) as e:
+            raise SettingsError("--listen %r is not a valid endpoint: %s" % (description, e))
+
+    return check

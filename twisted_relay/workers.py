@@ -4,7 +4,7 @@ Worker processes: one relay process per core, on the same listening ports.
 
 One Twisted process uses one core. With ``workers`` above 1 the relay
 listens with ``SO_REUSEPORT`` and starts ``workers - 1`` more processes
-(``python -m twisted_relay.workers``) that listen on the same TCP ports;
+(``python -m twisted_relay.worker_process``) that listen on the same TCP ports;
 the kernel spreads new connections over all of them. Each worker is a whole
 relay with its own connection pool, limits and metrics, relaying to the
 same upstream and writing dumps to the same folder.
@@ -14,6 +14,10 @@ again (after a growing delay if it keeps dying), every worker's log events
 reach the first process's log with a ``relay_worker`` field, and stopping
 the first process stops them all, each draining its requests in flight.
 A worker whose first process dies stops too.
+
+This module knows nothing of the relay it runs: :mod:`twisted_relay.service`
+uses it, and :mod:`twisted_relay.worker_process` (a worker's ``main``) uses
+both.
 """
 
 from __future__ import annotations
@@ -22,21 +26,33 @@ import json
 import os
 import socket
 import sys
+from dataclasses import replace
+from typing import Mapping
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import TCP4ServerEndpoint, TCP6ServerEndpoint, serverFromString
 from twisted.internet.error import ProcessExitedAlready
-from twisted.internet.protocol import ProcessProtocol, Protocol
-from twisted.logger import Logger, eventAsJSON, eventFromJSON
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger, eventFromJSON
 
 from twisted_relay.config import RelayConfig
 from twisted_relay.metrics import forget_process
 
-__all__ = ["ReusePortListener", "WorkerProcesses", "listen_reuseport", "shareable", "main"]
+__all__ = [
+    "ReusePortListener",
+    "WorkerProcesses",
+    "config_from_json",
+    "config_to_json",
+    "listen_reuseport",
+    "shareable",
+    "worker_settings",
+]
 
-# The environment variable that carries a worker's configuration.
+# The environment variables that carry a worker's configuration, and the
+# command-line options it was built from (read again with the file on reload).
 _CONFIG_VARIABLE = "TWISTED_RELAY_WORKER_CONFIG"
+_COMMAND_LINE_VARIABLE = "TWISTED_RELAY_WORKER_COMMAND_LINE"
 # A worker that dies sooner than this after its start waits longer each time.
 _STABLE_SECONDS = 10.0
 _FIRST_RESTART_DELAY = 1.0
@@ -194,17 +210,22 @@ class WorkerProcesses(Service):
         listens on the addresses the first process bound (``listeners``).
     :param listeners: the first process's :class:`ReusePortListener` services,
         started before this one.
-    :param upstream: a callable giving the upstream's base URL once this
-        service starts (the embedded simulated upstream's port is known late).
+    :param upstream: a callable giving the embedded simulated upstream's
+        base URL once this service starts (its port is known late), which
+        the workers relay to under ``simulate``.
+    :param command_line: the options given on the relay's command line,
+        which each worker reads its file again with on reload.
     """
 
     log = Logger()
 
-    def __init__(self, reactor, config: RelayConfig, listeners, upstream):
+    def __init__(self, reactor, config: RelayConfig, listeners, upstream, *,
+                 command_line: Mapping[str, object] | None = None):
         self._reactor = reactor
         self._config = config
         self._listeners = listeners
         self._upstream = upstream
+        self._command_line = dict(command_line or {})
         self._processes: dict[str, object] = {}
         self._started_at: dict[str, float] = {}
         self._delays: dict[str, float] = {}
@@ -229,13 +250,15 @@ class WorkerProcesses(Service):
     def _set_environment(self) -> None:
         """The environment workers start with: this process's, with their configuration."""
         config = self._config.with_changes(
-            listen=tuple(_description(listener) for listener in self._listeners),
-            upstream=self._upstream(),
-            simulate=None,
-            workers=1,
+            listen=tuple(_description(listener) for listener in self._listeners), simulate=None, workers=1
         )
+        if self._config.simulate:
+            # The workers relay to this process's simulated upstream.
+            first = replace(config.upstreams[0], url=self._upstream())
+            config = config.with_changes(upstreams=(first,) + config.upstreams[1:])
         env = dict(os.environ)
         env[_CONFIG_VARIABLE] = config_to_json(config)
+        env[_COMMAND_LINE_VARIABLE] = json.dumps(self._command_line)
         self._env = env
 
     def reload(self, config: RelayConfig) -> None:
@@ -262,7 +285,7 @@ class WorkerProcesses(Service):
         self._processes[name] = self._reactor.spawnProcess(
             protocol,
             sys.executable,
-            [sys.executable, "-m", "twisted_relay.workers", name],
+            [sys.executable, "-m", "twisted_relay.worker_process", name],
             env=self._env,
             path=os.getcwd(),
             childFDs={0: "w", 1: "r", 2: "r"},
@@ -271,7 +294,7 @@ class WorkerProcesses(Service):
         self.log.info("Started relay {relay_worker} (pid {pid})", relay_worker=name, pid=self._pids[name])
 
     def _worker_said(self, name: str, fd: int, line: bytes) -> None:
-        line = line.strip(b"\x1e\r")
+        line = line.strip(b"\r")
         if not line.strip():
             return
         if fd == 1:
@@ -341,45 +364,13 @@ def _kill(process) -> None:
         pass
 
 
-class _FirstProcessWatch(Protocol):
-    """Stops a worker when its standard input closes: the first process is gone."""
-
-    def __init__(self, reactor):
-        self._reactor = reactor
-
-    def connectionLost(self, reason=None):
-        if self._reactor.running:
-            self._reactor.stop()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run one worker process: ``python -m twisted_relay.workers NAME``."""
-    from twisted.internet import reactor
-    from twisted.internet.stdio import StandardIO
-    from twisted.logger import FileLogObserver, globalLogBeginner
-
-    from twisted_relay.service import Relay
-
-    text = os.environ.pop(_CONFIG_VARIABLE, None)
+def worker_settings(environ: dict) -> tuple[RelayConfig, dict] | None:
+    """
+    The configuration and command-line options the first process gave a
+    worker in its environment (removed from ``environ``), or ``None`` when
+    the process was not started as a worker.
+    """
+    text = environ.pop(_CONFIG_VARIABLE, None)
     if text is None:
-        sys.stderr.write("twisted_relay.workers is started by the relay itself (--workers).\n")
-        raise SystemExit(2)
-    config = config_from_json(text)
-    out = sys.stdout
-    globalLogBeginner.beginLoggingTo(
-        [FileLogObserver(out, lambda event: eventAsJSON(event) + "\n")], redirectStandardIO=False
-    )
-    relay = Relay(config, reactor, worker=True)
-    if config.config_file is not None:
-        import signal
-
-        # The first process passes SIGHUP on once it has read the file again.
-        signal.signal(signal.SIGHUP, lambda signum, frame: reactor.callFromThread(relay.reload))
-    relay.service.startService()
-    reactor.addSystemEventTrigger("before", "shutdown", relay.service.stopService)
-    StandardIO(_FirstProcessWatch(reactor), stdin=0, stdout=os.open(os.devnull, os.O_WRONLY))
-    reactor.run()
-
-
-if __name__ == "__main__":
-    main()
+        return None
+    return config_from_json(text), json.loads(environ.pop(_COMMAND_LINE_VARIABLE, "{}"))
