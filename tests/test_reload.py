@@ -238,11 +238,12 @@ class EmbeddedReloadTests(TestCase):
                 % (sim_port.getHost().port, SECRET)
             ).encode()
         )
+        listening = relay.config.listen
         result = relay.reload()
         self.assertIsNone(result.error)
         self.assertEqual(result.needs_restart, ())
         self.assertEqual([u.name for u in relay.config.upstreams], ["sim"])
-        self.assertEqual(relay.config.listen, ())
+        self.assertEqual(relay.config.listen, listening)
         self.assertEqual((await post()).code, 200)
         self.assertEqual(len(sim.requests), 1)
         self.assertEqual(sim.requests[0].body["model"], "small-model")
