@@ -581,31 +581,3 @@ class DeadlineTests(RelayTestMixin, SynchronousTestCase):
         body = self.assertAnthropicError(relay, response, 504, "timeout_error", ["longer than 1 seconds"])
         self.assertTrue(body)
         self.assertEqual(len(upstream.received), 2)
-
-
-class RoomTests(SynchronousTestCase):
-    """
-    The request path's objects talk through public names only: no module of
-    it reads another object's private attribute.
-    """
-
-    modules = ("app", "relayed_request", "attempts", "answer", "drain")
-
-    def test_no_private_reach(self):
-        """Every ``x._name`` in the request path's modules is ``self._name`` (or ``cls._name``)."""
-        import ast
-        import importlib
-        import inspect
-
-        for name in self.modules:
-            module = importlib.import_module("twisted_relay." + name)
-            tree = ast.parse(inspect.getsource(module))
-            reaches = [
-                "%s:%d %s" % (name, node.lineno, ast.unparse(node))
-                for node in ast.walk(tree)
-                if isinstance(node, ast.Attribute)
-                and node.attr.startswith("_")
-                and not node.attr.startswith("__")
-                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
-            ]
-            self.assertEqual(reaches, [], name)

@@ -24,7 +24,7 @@ MAX_LINES = 700
 #: The modules a relayed request passes through (docs/architecture.md).
 REQUEST_PATH = (
     "twisted_relay.app",
-    "twisted_relay.relayed",
+    "twisted_relay.relayed_request",
     "twisted_relay.attempts",
     "twisted_relay.answer",
     "twisted_relay.drain",

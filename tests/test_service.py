@@ -171,56 +171,11 @@ class PluginTests(SynchronousTestCase):
             self.assertIn(option, out.stdout)
 
 
-def _relay_imports() -> dict[str, set[str]]:
-    """Each module of ``twisted_relay`` and the modules of ``twisted_relay`` it imports (anywhere in it)."""
-    import ast
-    from pathlib import Path
-
-    import twisted_relay
-
-    root = Path(twisted_relay.__file__).parent
-    modules = {}
-    for path in root.rglob("*.py"):
-        parts = ("twisted_relay",) + path.relative_to(root).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {}
-    for name, path in modules.items():
-        imported = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                submodules = {node.module + "." + alias.name for alias in node.names} & modules.keys()
-                imported |= submodules
-                if len(submodules) < len(node.names):
-                    imported.add(node.module)
-            elif isinstance(node, ast.Import):
-                imported |= {alias.name for alias in node.names}
-        graph[name] = {other for other in imported if other in modules and other != name}
-    return graph
-
-
 class SettingsLayerTests(SynchronousTestCase):
     """
-    The settings modules sit below the services: nothing they import leads
-    back to the command line or the service, and they use no Twisted.
+    The settings are built without Twisted (that no module imports another
+    in a circle is tests.test_layout's).
     """
-
-    SETTINGS_MODULES = ("config", "configfile", "settings", "service", "tap", "workers", "worker_process")
-
-    def reachable(self, graph, start):
-        seen, todo = set(), [start]
-        while todo:
-            for other in graph[todo.pop()]:
-                if other not in seen:
-                    seen.add(other)
-                    todo.append(other)
-        return seen
-
-    def test_no_import_circle(self):
-        """No module of the settings and services imports, through any chain, a module that imports it back."""
-        graph = _relay_imports()
-        for name in self.SETTINGS_MODULES:
-            module = "twisted_relay." + name
-            self.assertNotIn(module, self.reachable(graph, module), module)
 
     def test_settings_without_twisted(self):
         """Building a configuration from a command line and a file loads no Twisted module."""

@@ -10,7 +10,6 @@ appear: it checks them.
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 import textwrap
@@ -147,21 +146,6 @@ class ActivationTests(SynchronousTestCase):
     probes nothing at import; the probes run once, when the service starts
     (``activate``) or on the first use of what needs them.
     """
-
-    def test_imports_nothing_of_the_relay(self):
-        """No import in ``_twisted.py`` names a module of ``twisted_relay``."""
-        with open(_twisted.__file__, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-        imported = [
-            name
-            for node in ast.walk(tree)
-            for name in (
-                [alias.name for alias in node.names] if isinstance(node, ast.Import)
-                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            )
-        ]
-        self.assertTrue(imported)
-        self.assertEqual([name for name in imported if name.startswith("twisted_relay")], [])
 
     def test_activate_once(self):
         """``activate`` probes once; later calls give the assumptions in use, probing nothing."""

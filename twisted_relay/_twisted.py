@@ -2,54 +2,24 @@
 """
 Every use of a private Twisted name, in one place, each one guarded.
 
-The relay leans on a few of Twisted's internals where no public API does
-the job, each for a gain that was measured:
+The relay leans on five of Twisted's internals where no public API does the
+job, each for a measured gain; docs/architecture.md ("Twisted internals in
+one place, guarded") says what each buys and what its public fallback costs:
+``write_through`` (:func:`send_now`: a write sent at once when nothing is
+buffered), ``pool_hooks`` (the upstream pool's connections built by the
+relay's factory, never pooled again while closing), ``coalescing_decoder``
+(chunked upstream bodies read with the decoder the pool is given: one
+callback per read), ``one_send_request`` (a request whose body is in memory
+written in one send) and ``connection_header`` (the tokens of an upstream's
+``Connection`` header, whose headers are then not passed on).
 
-``write_through``
-    Sending at once on a plain TCP connection whose buffer is empty
-    (:func:`send_now`), instead of buffering every write until the reactor
-    says the socket is writable (two ``epoll_ctl`` calls and a reactor turn
-    per write). Reads ``FileDescriptor``'s buffer fields.
-``pool_hooks``
-    The upstream pool's connections built by the relay's own factory (no
-    log line per connection, and the decoder below), and never given back to
-    the pool while they are closing (``HTTPConnectionPool._factory`` and
-    ``_putConnection``).
-``coalescing_decoder``
-    Chunked upstream bodies read with the decoder the pool is given (the
-    relay's :class:`~twisted_relay.chunked.CoalescingChunkedDecoder`, one
-    callback per read instead of one per chunk) in place of Twisted's
-    (``HTTPClientParser._transferDecoders``, ``HTTP11ClientProtocol._parser``,
-    ``http._DataLoss``). Needs ``pool_hooks``.
-``one_send_request``
-    An upstream request whose body is in memory written in one send, line,
-    headers and body (a subclass of ``twisted.web._newclient.Request``),
-    instead of Twisted's producer machinery (half a dozen Deferreds).
-``connection_header``
-    The tokens of an upstream response's ``Connection`` header, which
-    Twisted's client parser files apart from ``response.headers``
-    (``HTTPClientParser.connHeaders``): the headers they name are hop-by-hop
-    and not passed to the client, and ``Connection: close, x-foo`` is
-    written back one token per value so that Twisted, which looks for a
-    value that is exactly ``close``, does not pool a connection the
-    upstream is closing. Needs ``pool_hooks``.
-
-Not at import, but once, by :func:`activate` (when the relay's service
-starts, or on the first use of what needs it), each assumption is checked,
+Not at import but once, by :func:`activate` (when the relay's service
+starts, or on the first use of what needs it), each assumption is checked
 by name and by behaviour (a probe drives the very code path on in-memory
-transports). One that does not hold is switched off, with one log line
-saying so, and the relay takes Twisted's public path instead: plain
-``transport.write``, Twisted's own pool, connection factory and chunked
-decoder, Twisted's ``Agent``. Four of the five then cost speed only, never
-a corrupted stream. ``connection_header`` off costs more: Twisted's public
-response does not show the upstream's ``Connection`` header, so the headers
-it names (``Connection: x-foo`` with ``X-Foo``) reach the client again (the
-standard hop-by-hop headers, ``Keep-Alive``, ``Upgrade`` and the rest, are
-still dropped by name), and a connection the upstream closes with
-``Connection: close, x-foo`` may be pooled, its next request failing (and
-sent again where retries allow).
-``tests.test_twisted`` asserts every assumption holds on the Twisted the
-suite runs on, and runs the relay with all of them switched off.
+transports). One that does not hold is switched off with one log line
+(:data:`COST_WHEN_OFF`), and the relay takes Twisted's public path instead.
+``tests.test_twisted`` asserts every assumption on the Twisted the suite
+runs on, and runs the relay with all of them switched off.
 
 This module imports nothing of the relay's: it is the bottom layer, and the
 relay's own pieces (the chunked decoder) are given to it.
@@ -62,26 +32,19 @@ from dataclasses import dataclass, fields
 
 from twisted.internet import abstract, tcp
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.logger import Logger
 from twisted.web import client as _client
 from twisted.web import http as _http
+from twisted.web.http_headers import Headers
 
 __all__ = [
-    "COST_WHEN_OFF",
-    "DataLoss",
-    "MalformedChunkedData",
-    "TwistedChunkedDecoder",
-    "active",
-    "activate",
-    "closing",
-    "connection_pool",
-    "one_send_request",
-    "probe",
-    "raise_listen_errors",
-    "retire_pool",
-    "send_now",
-    "use",
-]
+    "COST_WHEN_OFF", "DataLoss", "MalformedChunkedData", "TwistedChunkedDecoder", "activate", "active",
+    "closing", "connection_pool", "one_send_request", "probe", "raise_listen_errors", "retire_pool",
+    "send_now", "use",
+]  # fmt: skip
 
 _log = Logger(namespace="twisted_relay._twisted")
 
@@ -209,8 +172,6 @@ def _probe_write_through() -> str | None:
 
     def pending(fd) -> int:
         return fd._tempDataLen + len(fd.dataBuffer) - fd.offset
-
-    from twisted.internet.testing import MemoryReactor
 
     fd = Probe(reactor=MemoryReactor())
     fd.connected = 1
@@ -422,15 +383,12 @@ def one_send_request(method: bytes, uri: bytes, headers, body: bytes | None, hos
     return _OneSendRequest(method, uri, headers, body, host)
 
 
-class _Collect:
+class _Collect(Protocol):
     """A body reader for the probes."""
 
     def __init__(self):
         self.data: list[bytes] = []
         self.reason = None
-
-    def makeConnection(self, transport):
-        pass
 
     def dataReceived(self, data):
         self.data.append(data)
@@ -446,9 +404,6 @@ def _exchange(pool_decoders, request, answer: bytes, responses=None):
     read, the body's end, the connection, and the connections the pool took
     back through ``_putConnection``. ``responses`` receives the response.
     """
-    from twisted.internet.task import Clock
-    from twisted.internet.testing import StringTransport
-
     taken_back = []
 
     class Pool(_RelayConnectionPool):
@@ -482,6 +437,11 @@ def _exchange(pool_decoders, request, answer: bytes, responses=None):
     return transport.value(), collect.data, collect.reason, made[0], taken_back
 
 
+def _probe_get():
+    """A plain ``GET /`` for the probes."""
+    return _Request(b"GET", b"/", Headers({b"host": [b"probe"]}), None, persistent=True)
+
+
 def _probe_pool_hooks() -> str | None:
     if _RelayConnectionPool is None or _Request is None or "_HTTP11ClientFactory" in _hidden:
         return "twisted.web._newclient or _HTTP11ClientFactory is gone"
@@ -494,9 +454,7 @@ def _probe_pool_hooks() -> str | None:
         return "HTTPConnectionPool._factory is not _HTTP11ClientFactory"
     if not _has(_HTTP11ClientFactory(None, None), "_quiescentCallback"):
         return "_HTTP11ClientFactory keeps no _quiescentCallback"
-    from twisted.web.http_headers import Headers
-
-    request = _Request(b"GET", b"/", Headers({b"host": [b"probe"]}), None, persistent=True)
+    request = _probe_get()
     sent, data, reason, protocol, taken_back = _exchange(
         None, request, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     )
@@ -524,14 +482,11 @@ def _probe_coalescing_decoder() -> str | None:
         return "HTTP11ClientProtocol._parser or _currentRequest is hidden"
     try:
         TwistedChunkedDecoder(lambda data: None, lambda rest: None).noMoreData()
-    except DataLoss:
-        pass
-    except Exception:
+        raised = None
+    except Exception as e:
+        raised = e
+    if not isinstance(raised, DataLoss):
         return "Twisted's decoder does not raise _DataLoss for a cut body"
-    else:
-        return "Twisted's decoder does not raise _DataLoss for a cut body"
-    from twisted.web.http_headers import Headers
-
     used = []
 
     class Marked(TwistedChunkedDecoder):
@@ -539,7 +494,7 @@ def _probe_coalescing_decoder() -> str | None:
             used.append(True)
             super().__init__(*args)
 
-    request = _Request(b"GET", b"/", Headers({b"host": [b"probe"]}), None, persistent=True)
+    request = _probe_get()
     sent, data, reason, protocol, taken_back = _exchange(
         {b"chunked": Marked},
         request,
@@ -555,8 +510,6 @@ def _probe_coalescing_decoder() -> str | None:
 def _probe_one_send_request() -> str | None:
     if _Request is None or _RelayConnectionPool is None or "_newclient.Request" in _hidden:
         return "twisted.web._newclient.Request is gone"
-    from twisted.web.http_headers import Headers
-
     request = _OneSendRequest(b"POST", b"/p?q=1", Headers({b"x-a": [b"1"]}), b"body", b"probe")
     sent, data, reason, protocol, taken_back = _exchange(
         None, request, b"HTTP/1.1 201 Created\r\nContent-Length: 1\r\n\r\nx"
@@ -572,12 +525,10 @@ def _probe_one_send_request() -> str | None:
 def _probe_connection_header() -> str | None:
     if _HTTPClientParser is None or "connHeaders" in _hidden:
         return "HTTPClientParser keeps no connHeaders"
-    from twisted.web.http_headers import Headers
-
     global _connection_header
     before, _connection_header = _connection_header, True
     try:
-        request = _Request(b"GET", b"/", Headers({b"host": [b"probe"]}), None, persistent=True)
+        request = _probe_get()
         responses = []
         sent, data, reason, protocol, taken_back = _exchange(
             None,

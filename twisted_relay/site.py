@@ -90,7 +90,7 @@ class _BodyLimitedRequest(Request):
         if channel is None or self.finished:
             return Request.write(self, data)
         # The first write with a body: the headers leave with it.
-        channel._hold_headers = True
+        channel.hold_headers()
         try:
             Request.write(self, data)
         finally:
@@ -231,6 +231,10 @@ class _RelayChannel(HTTPChannel):
             self._held_headers = head
         else:
             self.writeSequence(head)
+
+    def hold_headers(self) -> None:
+        """Keep the next headers written until the body's first bytes, to send them together."""
+        self._hold_headers = True
 
     def release_headers(self) -> None:
         """Send headers still held (the request wrote no body with them)."""
