@@ -51,10 +51,11 @@ from twisted.internet import defer, task
 from twisted.internet.threads import deferToThread
 from twisted.web.server import Site
 
-from twisted_relay.service import Relay, RelaySite
+from targets import free_port  # bench/targets.py: this script runs from bench/
+from twisted_relay.service import Relay
+from twisted_relay.settings import read_settings
 from twisted_relay.simulated import SimulatedUpstream
 from twisted_relay.simulated.model import check_id_pattern, check_shape, check_strict_ids, check_thinking
-from twisted_relay.tap import Options
 from twisted_relay.translation import ANTHROPIC_ID_PATTERN
 
 KIMI_OWN = r"functions\.[A-Za-z_]+:[0-9]+"
@@ -178,12 +179,12 @@ async def _main(reactor, options) -> int:
     config_file = os.path.join(folder, "relay.toml")
     with open(config_file, "w") as f:
         f.write(CONFIG.format(dumps=dumps, kimi=urls["kimi"], strict=urls["strict"], own=KIMI_OWN))
-    parsed = Options()
-    parsed.parseOptions(["--config", config_file, "--listen", "tcp:0:interface=127.0.0.1"])
-    relay = Relay(parsed.config.with_changes(listen=()), reactor)
+    # Served as twistd relay serves it, from the same command line and file.
+    port = free_port()
+    relay = Relay(read_settings({"listen": ["tcp:%d:interface=127.0.0.1" % (port,)]}, config_file), reactor)
+    relay.service.privilegedStartService()
     relay.service.startService()
-    port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
-    base_url = "http://127.0.0.1:%d" % (port.getHost().port,)
+    base_url = "http://127.0.0.1:%d" % (port,)
     print("configuration:\n" + textwrap.indent(open(config_file).read(), "    "))
     failed = []
     try:
@@ -197,7 +198,6 @@ async def _main(reactor, options) -> int:
             if result.get("subtype") not in ("success", "error_max_turns") or "stderr" in result:
                 failed.append("round %d: %s" % (n + 1, json.dumps(result)[:2000]))
     finally:
-        await port.stopListening()
         await relay.service.stopService()
     for name, upstream in upstreams.items():
         messages = [r for r in upstream.requests if r.path.startswith("/v1/messages") and "count" not in r.path]

@@ -22,8 +22,9 @@ from twisted.internet import defer, task
 from twisted.internet.threads import deferToThread
 from twisted.web.server import Site
 
+from bench.targets import free_port
 from twisted_relay.config import RelayConfig, one_upstream
-from twisted_relay.service import Relay, RelaySite
+from twisted_relay.service import Relay
 from twisted_relay.simulated import SimulatedUpstream
 
 UPSTREAMS = (
@@ -96,20 +97,23 @@ async def run(reactor, turns: int, seed: int) -> list[tuple[str, str, dict]]:
             sim = SimulatedUpstream(reactor=reactor, seed=seed, **options)
             upstream_port = reactor.listenTCP(0, Site(sim.resource()), interface="127.0.0.1")
             url = f"http://127.0.0.1:{upstream_port.getHost().port}"
-            relay = relay_port = None
+            relay = None
             if through_relay:
+                # Served as twistd relay serves it: the relay's own service listens.
+                port = free_port()
                 config = RelayConfig(
-                    listen=(), upstreams=one_upstream(url, ids=UPSTREAM_IDS[options["mode"]]), dump_dir=None
+                    listen=(f"tcp:{port}:interface=127.0.0.1",),
+                    upstreams=one_upstream(url, ids=UPSTREAM_IDS[options["mode"]]),
+                    dump_dir=None,
                 )
                 relay = Relay(config, reactor)
+                relay.service.privilegedStartService()
                 relay.service.startService()
-                relay_port = reactor.listenTCP(0, RelaySite(relay.resource()), interface="127.0.0.1")
-                url = f"http://127.0.0.1:{relay_port.getHost().port}"
+                url = f"http://127.0.0.1:{port}"
             try:
                 result = await deferToThread(tool_runner_session, url, turns)
             finally:
-                if relay_port is not None:
-                    await relay_port.stopListening()
+                if relay is not None:
                     await relay.service.stopService()
                 await upstream_port.stopListening()
             rows.append((name, "relay" if through_relay else "direct", result))

@@ -145,6 +145,13 @@ class OptionsTests(SynchronousTestCase):
                 parse(*argv)
             self.assertIn(name, str(raised.exception), argv)
 
+    def test_units_named(self):
+        """A value that is no number is refused in the option's own unit: days for dump retention."""
+        for argv, unit in ((["--dump-retention-days", "soon"], "days"), (["--connect-timeout", "soon"], "seconds")):
+            with self.assertRaises(UsageError) as raised:
+                parse(*argv)
+            self.assertIn("must be a number of %s" % (unit,), str(raised.exception))
+
     def test_sizes(self):
         """
         Sizes accept plain bytes and K, M, G suffixes (with or without ``iB``).

@@ -401,7 +401,7 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
         max_upstream_connections=max_connections,
         dump_dir=None if values["no-dumps"] else values["dump-dir"],
         dump_max_bytes=_size("dump-max-bytes", values["dump-max-bytes"]),
-        dump_retention_days=_positive("dump-retention-days", values["dump-retention-days"]),
+        dump_retention_days=_positive("dump-retention-days", values["dump-retention-days"], unit="days"),
         dump_retention_bytes=_size("dump-retention-bytes", values["dump-retention-bytes"]),
         total_timeout=_positive("total-timeout", values["total-timeout"], allow_zero=True),
         request_read_timeout=_positive("request-read-timeout", values["request-read-timeout"], allow_zero=True),
@@ -460,11 +460,11 @@ def _id_rules(values: dict) -> tuple[str | None, str | None]:
     return id_pattern, own_ids
 
 
-def _positive(name: str, value: str, *, allow_zero: bool = False) -> float:
+def _positive(name: str, value: str, *, allow_zero: bool = False, unit: str = "seconds") -> float:
     try:
         number = float(value)
     except ValueError:
-        raise SettingsError("--%s must be a number of seconds, not %r." % (name, value))
+        raise SettingsError("--%s must be a number of %s, not %r." % (name, unit, value))
     if number < 0 or (number == 0 and not allow_zero):
         raise SettingsError(
             "--%s must be %s, not %r." % (name, "zero or more" if allow_zero else "more than zero", value)
