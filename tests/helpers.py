@@ -38,7 +38,8 @@ from twisted_relay.app import RelayApp
 from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.service import Relay, StartupError
 from twisted_relay.site import RelaySite
-from twisted_relay.upstream import UpstreamClients, _BytesProducer
+from twisted_relay.upstream import UpstreamClients
+from twisted_relay.upstream_agent import BytesProducer
 
 UPSTREAM_URL = "http://upstream.test"
 TOOLS = [
@@ -202,7 +203,7 @@ class InMemoryRelay:
             self.clock, self.network, pool=HTTPConnectionPool(self.clock, persistent=False)
         )
         # Bodies written at once, not by the global reactor's cooperator.
-        self.stub = HTTPClient(self.agent, data_to_body_producer=_BytesProducer)
+        self.stub = HTTPClient(self.agent, data_to_body_producer=BytesProducer)
 
     def flush(self, rounds: int = 30) -> None:
         """Move bytes both ways until nothing is left to move."""
@@ -228,7 +229,7 @@ class InMemoryRelay:
         for name, values in (headers or {}).items():
             all_headers.setRawHeaders(name, values)
         data = body if isinstance(body, bytes) else encode(body)
-        return self.agent.request(b"POST", b"http://relay.test" + path.encode(), all_headers, _BytesProducer(data))
+        return self.agent.request(b"POST", b"http://relay.test" + path.encode(), all_headers, BytesProducer(data))
 
     def get(self, path: str, headers=None):
         """Start a GET; the returned Deferred fires after :meth:`flush`."""

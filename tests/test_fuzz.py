@@ -32,7 +32,7 @@ from twisted.web.server import Site
 from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.errors import ERROR_TYPES
 from twisted_relay.simulated import SimulatedUpstream
-from twisted_relay.upstream import _BytesProducer
+from twisted_relay.upstream_agent import BytesProducer
 
 from tests.faulty_upstream import parse_response
 from tests.helpers import InMemoryRelay, encode, messages_body, serve_relay
@@ -358,7 +358,7 @@ class InMemoryFuzzTests(AnswerJudge, SynchronousTestCase):
             all_headers.setRawHeaders(name, values)
         d = self.relay.agent.request(
             method, b"http://relay.test" + path.encode("utf-8"), all_headers,
-            None if body is None else _BytesProducer(body),
+            None if body is None else BytesProducer(body),
         )
         answers = []
         d.addCallback(lambda response: treq.content(response).addCallback(

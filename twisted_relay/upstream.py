@@ -51,9 +51,6 @@ __all__ = [
     "upstream_request_headers",
 ]
 
-# The name tests/helpers.py and tests/test_fuzz.py import (it is upstream_agent.BytesProducer).
-_BytesProducer = BytesProducer
-
 
 class _BodyReader(Protocol):
     """
