@@ -13,10 +13,11 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.logger import globalLogPublisher
 from twisted.python.filepath import FilePath
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from twisted_relay import Relay
 from twisted_relay.config import RelayConfig, Target, one_upstream
+from twisted_relay.settings import read_settings, reload_config
 from twisted_relay.tap import Options
 
 SECRET = "sk-ant-reload-secret-0005"
@@ -248,3 +249,35 @@ class EmbeddedReloadTests(TestCase):
         self.assertEqual(len(sim.requests), 1)
         self.assertEqual(sim.requests[0].body["model"], "small-model")
         self.assertEqual(sim.requests[0].headers["x-api-key"], SECRET)
+
+
+class ReloadWithCommandLineTests(SynchronousTestCase):
+    """
+    ``settings.reload_config`` under ``twistd relay``: the command line and
+    the file are read together, as at start.
+    """
+
+    def write(self, text: str) -> str:
+        path = FilePath(self.mktemp())
+        path.setContent(text.encode("utf-8"))
+        return path.path
+
+    def test_command_line_relying_on_the_file(self):
+        """A command-line option valid only with the file's value reloads as it started."""
+        command_line = {"upstream-own-ids": "^toolu_"}
+        path = self.write('[relay]\nupstream-ids = "original"\n')
+        running = read_settings(command_line, path)
+        result = reload_config(running, command_line)
+        self.assertIsNone(result.error)
+        self.assertEqual(result.config.upstreams[0].own_ids, "^toolu_")
+
+    def test_restart_setting_taken_out_of_the_file(self):
+        """A restart-only setting deleted from the file is reported as one that needs a restart."""
+        path = self.write('[relay]\nmax-body = "64M"\n')
+        running = read_settings({}, path)
+        self.assertEqual(running.max_body, 64 * 1024 * 1024)
+        FilePath(path).setContent(b"")
+        result = reload_config(running, {})
+        self.assertIsNone(result.error)
+        self.assertEqual(result.needs_restart, ("max_body",))
+        self.assertEqual(result.config.max_body, 64 * 1024 * 1024)

@@ -305,7 +305,8 @@ class Relay:
         self.config = config
         self._reactor = reactor
         self._worker = worker
-        self._command_line = dict(command_line or {})
+        # None for an application that embeds the relay (no command line).
+        self._command_line = None if command_line is None else dict(command_line)
         self.router = Router(config, reactor)
         # Under --simulate, the one upstream (``default``) is the simulated
         # one, whose URL is known once it listens.

@@ -583,12 +583,12 @@ def reload_config(
         return ReloadResult(current, "the relay was not started with --config: there is no file to read again")
     try:
         fresh = read_settings(command_line, current.config_file, environ=environ, check_listen=check_listen)
-        # What the command line alone gives: a setting the file leaves to
-        # it is no change to report (an embedding application may have set
-        # it differently in its code).
-        unset = config_from(command_line, None, environ=environ)
     except SettingsError as e:
         return ReloadResult(current, str(e).splitlines()[0] if str(e) else "the configuration was refused")
+    # An application that embeds the relay gives no command line: a setting
+    # its file leaves alone keeps the value the application gave in code,
+    # which is no change to report. Under twistd every difference is one.
+    unset = config_from(None, None, environ=environ) if command_line is None else None
     changes = {name: getattr(fresh, name) for name in RELOADED_SETTINGS}
     if fresh.simulate is not None:
         # The embedded simulated upstream (whose address a worker has in
@@ -603,6 +603,6 @@ def reload_config(
         and f.name != "config_file"
         and not (worker and f.name in _WORKER_OWN)
         and getattr(fresh, f.name) != getattr(current, f.name)
-        and getattr(fresh, f.name) != getattr(unset, f.name)
+        and (unset is None or getattr(fresh, f.name) != getattr(unset, f.name))
     )
     return ReloadResult(current.with_changes(**changes), None, needs_restart)
