@@ -572,6 +572,19 @@ class UpstreamErrorTests(FaultTestCase):
         await self.assert_clean()
 
 
+    async def test_unreadable_retry_after_passes_through(self):
+        """An upstream error whose ``retry-after`` is a date past any clock reaches the client as sent."""
+        self.start_relay(retries=2)
+        # The 400 is sent once; the 503 is retried twice (no wait can be read: the backoff's).
+        for status, error_type, sent in ((400, "invalid_request_error", 1), (503, "overloaded_error", 3)):
+            answer = error_answer(status, error_type, retry_after="1 Jan 99999999999 00:00:00")
+            self.upstream.script(*[answer] * sent)
+            response = await self.post()
+            self.assertEqual(response.code, status)
+            self.assertEqual(await treq.content(response), answer.body)
+        await self.assert_clean()
+
+
 class RetryTests(FaultTestCase):
     """
     With ``retries``, failures before any byte reached the client are sent

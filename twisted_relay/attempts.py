@@ -193,7 +193,9 @@ class Attempts:
             metrics.labelled(metrics.upstream_latency, relayed.route.name).observe(clock.seconds() - started)
             if response.code < 300:
                 return response, None
-            asked_wait = retry_after(response.headers)
+            # Read only where it decides something (a 429, or a status retried).
+            asked = response.code == 429 or response.code in rule.statuses
+            asked_wait = retry_after(response.headers) if asked else None
             judgement = judge(response.code, pooled=pooled, retry_after=asked_wait, retried=retried, retry=rule)
             if judgement.verdict is Verdict.RETRY:
                 retried += 1
@@ -253,7 +255,7 @@ def retry_after(headers: Headers) -> float | None:
         except ValueError:
             try:
                 return max(0.0, parsedate_to_datetime(value.decode("latin-1")).timestamp() - time.time())
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 pass
     return None
 
