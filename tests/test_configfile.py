@@ -17,7 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from twisted_relay.config import RelayConfig, Route, Target, Upstream, one_upstream
 from twisted_relay.configfile import ConfigFileError, load
-from twisted_relay.settings import SettingsError, config_from, read_settings, reload_config
+from twisted_relay.settings import SettingsError, config_from, option_kinds, read_settings, reload_config
 from twisted_relay.tap import Options
 from twisted_relay.workers import config_from_json, config_to_json
 
@@ -245,7 +245,7 @@ class FileSettingsTests(FileTestCase):
         """No repr of the parsed file or the configuration shows a key."""
         path = self.write(EXAMPLE.replace("[relay]", '[relay]\nrelay-keys = "keys.txt"'))
         self.folder.child("keys.txt").setContent(RELAY_KEY.encode())
-        settings = load(path, Options()._option_kinds())
+        settings = load(path, option_kinds())
         config = self.parse("--config", path, "--relay-keys", self.folder.child("keys.txt").path)
         shown = repr(settings) + repr(config) + repr(config.upstreams) + str(config)
         for key in ALL_KEYS:
@@ -536,7 +536,7 @@ class SettingsFunctionTests(FileTestCase):
         options.parseOptions(["--config", path, "--retries", "1", "-l", "tcp:0", "--no-dumps"])
         self.assertEqual(options.command_line, {"retries": "1", "listen": ["tcp:0"], "no-dumps": True})
         self.assertEqual(read_settings({"retries": "1", "listen": ["tcp:0"], "no-dumps": True}, path), options.config)
-        self.assertEqual(config_from(options.command_line, load(path, Options()._option_kinds())), options.config)
+        self.assertEqual(config_from(options.command_line, load(path, option_kinds())), options.config)
 
     def test_same_errors(self):
         """A mistake is a L{SettingsError} with the line C{twistd relay} shows."""

@@ -21,7 +21,8 @@ PACKAGE_DIR = os.path.dirname(twisted_relay.__file__)
 #: The longest a module may be, outside the simulated upstream.
 MAX_LINES = 700
 
-#: The modules a relayed request passes through (docs/architecture.md).
+#: The modules a relayed request passes through (docs/architecture.md),
+#: the upstream leg and the stream's gate included.
 REQUEST_PATH = (
     "twisted_relay.app",
     "twisted_relay.relayed_request",
@@ -29,7 +30,46 @@ REQUEST_PATH = (
     "twisted_relay.answer",
     "twisted_relay.drain",
     "twisted_relay.site",
+    "twisted_relay.routing",
+    "twisted_relay.upstream",
+    "twisted_relay.upstream_agent",
+    "twisted_relay.upstream_headers",
+    "twisted_relay.sse",
+    "twisted_relay.sse_events",
+    "twisted_relay.message_threads.turns",
 )
+
+#: The rows of docs/architecture.md's "The rooms", bottom to top: a module
+#: imports only from its own row and the rows below it (a package stands for
+#: its modules).
+LAYERS = (
+    ("Twisted's internals", ("_twisted",)),
+    (
+        "pure values and rules",
+        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing"),
+    ),
+    ("message threads", ("message_threads",)),
+    ("settings", ("configfile", "settings")),
+    ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream")),
+    ("streaming", ("sse_events", "sse")),
+    ("records", ("dumps", "metrics")),
+    ("the request path", ("drain", "answer", "attempts", "relayed_request", "app", "site")),
+    ("tools", ("replay", "demo", "simulated")),
+    ("the process", ("gctuning", "service", "workers", "worker_process", "tap")),
+)
+
+
+def layer_of(module: str) -> int:
+    """The row of ``module`` in :data:`LAYERS` (its first name under the package)."""
+    name = module.split(".")[1]
+    for row, (_, names) in enumerate(LAYERS):
+        if name in names:
+            return row
+    raise KeyError(module)
+
+
+#: Public names that begin with an underscore (named tuples' methods).
+_PUBLIC_UNDERSCORED = frozenset({"_replace", "_asdict", "_fields", "_make"})
 
 
 def package_modules() -> dict[str, str]:
@@ -149,7 +189,7 @@ def private_reads(path: str) -> list[str]:
         if not isinstance(node, ast.Attribute):
             continue
         name = node.attr
-        if not name.startswith("_") or (name.startswith("__") and name.endswith("__")):
+        if not name.startswith("_") or (name.startswith("__") and name.endswith("__")) or name in _PUBLIC_UNDERSCORED:
             continue
         owner = node.value
         if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
@@ -184,6 +224,17 @@ class LayoutTests(SynchronousTestCase):
 
     def test_no_import_circle(self):
         self.assertEqual(circles(import_graph()), [])
+
+    def test_imports_go_down_the_rows(self):
+        """Every module is in a row of :data:`LAYERS` and imports nothing from a row above its own."""
+        upward = []
+        for module, imported in import_graph().items():
+            if module == PACKAGE:
+                continue  # the package's face: it may name anything
+            for other in imported:
+                if layer_of(other) > layer_of(module):
+                    upward.append("%s -> %s" % (module, other))
+        self.assertEqual(sorted(upward), [])
 
     def test_twisted_internals_import_nothing_of_the_relay(self):
         self.assertEqual(import_graph()["twisted_relay._twisted"], set())

@@ -34,6 +34,7 @@ from twisted_relay.config import (
     id_pattern_setting,
     parse_size,
 )
+from twisted_relay.message_threads.model import THREAD_MODES
 from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
 __all__ = [
@@ -68,7 +69,6 @@ _UPSTREAM_KEYS = (
     "id-pattern",
     "own-ids",
 )
-_THREAD_MODES = ("relay", "upstream")
 _ROUTE_KEYS = ("models", "targets", "thinking", "images", "body-over")
 _TARGET_KEYS = ("upstream", "model")
 _TABLES = ("relay", "upstreams", "routes")
@@ -331,7 +331,7 @@ def _policy(where: _Table, value) -> str:
 
 
 def _threads(where: _Table, value) -> str | None:
-    if value is not None and value not in _THREAD_MODES:
+    if value is not None and value not in THREAD_MODES:
         raise where.error("threads", "must be relay or upstream")
     return value
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_hardening -*-
+# -*- test-case-name: tests.test_logs -*-
 """
 Log observers for twistd's ``--logger`` option, and :func:`bounded` for
 values that go into log events.

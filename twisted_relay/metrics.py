@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_hardening -*-
+# -*- test-case-name: tests.test_metrics -*-
 """
 Prometheus metrics of one relay, on a registry of its own.
 

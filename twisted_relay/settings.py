@@ -37,6 +37,7 @@ from twisted_relay.config import (
     parse_size,
 )
 from twisted_relay.configfile import ConfigFileError, FileSettings, load
+from twisted_relay.message_threads.model import THREAD_MODES
 from twisted_relay.translation import POLICIES, UpstreamRules
 
 __all__ = [
@@ -189,7 +190,6 @@ _SIMULATED_MODES = ("strict", "stateful", "lenient")
 # The values of --threads and --simulate-threads, as
 # twisted_relay.message_threads.turns and twisted_relay.simulated.message_threads
 # name them (both use Twisted; a test keeps these the same).
-_THREAD_MODES = ("relay", "upstream")
 _SIMULATED_THREAD_MODES = ("ignore", "rejects", "knows")
 _ONE_UPSTREAM_OPTIONS = ("upstream-key", "upstream-ids", "upstream-id-pattern", "upstream-own-ids")
 
@@ -343,8 +343,8 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
         raise SettingsError("--simulate-reuse-every must be zero or more.")
     if values["simulate-threads"] not in _SIMULATED_THREAD_MODES:
         raise SettingsError(f"--simulate-threads must be one of {', '.join(_SIMULATED_THREAD_MODES)}.")
-    if values["threads"] not in _THREAD_MODES:
-        raise SettingsError(f"--threads must be one of {', '.join(_THREAD_MODES)}, not {values['threads']!r}.")
+    if values["threads"] not in THREAD_MODES:
+        raise SettingsError(f"--threads must be one of {', '.join(THREAD_MODES)}, not {values['threads']!r}.")
     thread_store = values["thread-store"]
     if thread_store != "memory" and not thread_store.startswith("redis://"):
         raise SettingsError("--thread-store must be memory or a redis://host[:port][/db] URL.")

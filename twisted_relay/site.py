@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_hardening -*-
+# -*- test-case-name: tests.test_site,tests.test_limits -*-
 """
 The relay's HTTP server side: a ``Site`` that guards against oversized and
 slow request bodies, and logs nothing of its own.

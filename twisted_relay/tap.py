@@ -17,7 +17,7 @@ import sys
 
 from twisted.python import usage
 
-from twisted_relay.settings import FLAGS, PARAMETERS, SettingsError, option_kinds, read_settings
+from twisted_relay.settings import FLAGS, PARAMETERS, SettingsError, read_settings
 
 __all__ = ["Options", "makeService"]
 
@@ -48,10 +48,6 @@ class Options(usage.Options):
         # The options given on the command line, which win over the file's.
         self._given: set[str] = set()
         self.command_line: dict = {}
-
-    def _option_kinds(self) -> dict[str, str]:
-        """Each long option and how it takes its value, for the file's ``[relay]`` table."""
-        return option_kinds()
 
     def parseOptions(self, options=None):
         """

@@ -225,8 +225,7 @@ class UpstreamClient:
         url = self._prepared.get(path_and_query)
         if url is None:
             text = EncodedURL.from_text(self.url_for(path_and_query)).to_uri().to_text()
-            url = PreparedURL.from_text(text)
-            url._text = text
+            url = PreparedURL.of(text)
             if len(self._prepared) >= _MAX_PREPARED:
                 self._prepared.clear()
             self._prepared[path_and_query] = url
@@ -489,7 +488,7 @@ class UpstreamClients:
         following = UpstreamClients(
             self._reactor, config, endpoint_factory=self._endpoint_factory, simulated=self._simulated, _kept=kept
         )
-        used = set(map(id, following._clients.values()))
+        used = {id(client) for _, client in following.items()}
         return following, [c for c in self._clients.values() if id(c) not in used]
 
     def close(self) -> Deferred:

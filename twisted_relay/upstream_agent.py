@@ -152,13 +152,21 @@ class PreparedURL(EncodedURL):
     request's CPU, for the same few paths.
     """
 
-    _text = ""
+    #: The URI as text, as it was made.
+    uri_text = ""
+
+    @classmethod
+    def of(cls, text: str) -> "PreparedURL":
+        """The URL of ``text``, already a URI (``EncodedURL.to_uri().to_text()``)."""
+        url = cls.from_text(text)
+        url.uri_text = text
+        return url
 
     def to_uri(self):
         return self
 
     def to_text(self, with_password=False):
-        return self._text
+        return self.uri_text
 
 
 # Origins (``scheme://host:port``) whose pool key, endpoint and ``Host``

@@ -31,6 +31,7 @@ __all__ = [
     "CONTINUE",
     "CREATE",
     "CREATE_ONLY_FIELDS",
+    "THREAD_MODES",
     "THREADS_BETA",
     "AnswerRecorder",
     "Conversation",
@@ -54,6 +55,11 @@ THREADS_BETA = "message-threads-2026-08-12"
 #: ``thread.type`` values.
 CREATE = "create"
 CONTINUE = "continue"
+
+#: How the relay treats threads towards an upstream (``--threads``): ``relay``
+#: holds them itself and sends plain requests; ``upstream`` passes them to an
+#: upstream that knows threads (sending only the new messages, translated).
+THREAD_MODES = ("relay", "upstream")
 
 #: Fields a ``continue`` takes from the thread: the SDK leaves them out of a
 #: ``continue`` and the API refuses one that changes them.

@@ -28,6 +28,7 @@ from twisted_relay._json import to_json
 from twisted_relay.message_threads.model import (
     CONTINUE,
     CREATE_ONLY_FIELDS,
+    THREAD_MODES,
     AnswerRecorder,
     Conversation,
     ThreadError,
@@ -40,11 +41,6 @@ from twisted_relay.message_threads.model import (
 from twisted_relay.message_threads.store import IThreadStore, thread_store_for
 
 __all__ = ["THREAD_MODES", "ThreadKeeper", "ThreadTurn", "credential_of", "keeper_for", "owner_of"]
-
-#: How the relay treats threads towards an upstream: ``relay`` holds them
-#: itself and sends plain requests; ``upstream`` passes them to an upstream
-#: that knows threads (sending only the new messages, translated).
-THREAD_MODES = ("relay", "upstream")
 
 _log = Logger()
 
