@@ -25,7 +25,8 @@ from twisted_relay.errors import RelayError
 from twisted_relay.logs import bounded
 from twisted_relay.redact import redact_text
 from twisted_relay.sse import SSEGate
-from twisted_relay.upstream import client_response_headers, connection_tokens, read_body
+from twisted_relay.upstream import read_body
+from twisted_relay.upstream_headers import client_response_headers, connection_tokens
 
 __all__ = [
     "RELAY_REQUEST_ID_HEADER",

@@ -28,7 +28,8 @@ from twisted_relay.answer import note_repairs
 from twisted_relay.errors import RelayError
 from twisted_relay.routing import CLIENT_GONE, Verdict, judge
 from twisted_relay.translation import translate_request
-from twisted_relay.upstream import read_body, upstream_request_headers
+from twisted_relay.upstream import read_body
+from twisted_relay.upstream_headers import upstream_request_headers
 
 __all__ = ["Attempts", "Sent", "retry_after"]
 

@@ -30,25 +30,12 @@ from twisted_relay.chunked import CoalescingChunkedDecoder
 from twisted_relay.errors import RelayError
 from twisted_relay.upstream_agent import BytesProducer, NoCookies, PooledAgent, PreparedURL, UpstreamEndpoints
 
-# The header rules live in upstream_headers; the request path imports them from here too.
-from twisted_relay.upstream_headers import (
-    HOP_BY_HOP,
-    client_response_headers,
-    connection_tokens,
-    upstream_request_headers,
-)
-
 __all__ = [
-    "HOP_BY_HOP",
     "display_url",
+    "path_escapes",
     "read_body",
     "UpstreamClient",
     "UpstreamClients",
-    "UpstreamEndpoints",
-    "client_response_headers",
-    "connection_tokens",
-    "path_escapes",
-    "upstream_request_headers",
 ]
 
 
