@@ -192,12 +192,8 @@ class InMemoryRelay:
         # The first upstream's client.
         self.client = self.clients[self.config.upstreams[0].name]
         self.app = RelayApp(self.config, self.clients, reactor=self.clock, dumps=dumps)
-        self.site = RelaySite(
-            self.app.resource(),
-            max_body=self.config.max_body,
-            request_read_timeout=self.config.request_read_timeout or None,
-            reactor=self.clock,
-        )
+        # The site production builds (RelaySite.for_config), on the test's clock.
+        self.site = RelaySite.for_config(self.app.resource(), self.config, reactor=self.clock)
         self.network.listen(b"relay.test", 80, self.site)
         self.agent = Agent.usingEndpointFactory(
             self.clock, self.network, pool=HTTPConnectionPool(self.clock, persistent=False)

@@ -358,12 +358,7 @@ class Relay:
             _SimulatedUpstreamService(
                 reactor, self.client, config.simulate, dict(config.simulate_options)
             ).setServiceParent(self.service)
-        site = RelaySite(
-            self.app.resource(),
-            max_body=config.max_body,
-            request_read_timeout=config.request_read_timeout or None,
-            max_bodies_in_flight=config.max_bodies_in_flight,
-        )
+        site = RelaySite.for_config(self.app.resource(), config)
         shared = []
         for description in config.listen:
             if worker or config.workers > 1:

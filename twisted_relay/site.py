@@ -13,6 +13,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.server import Request, Site
 
 from twisted_relay import _twisted
+from twisted_relay.config import RelayConfig
 from twisted_relay.errors import RelayError
 
 __all__ = ["BodyBudget", "RelaySite"]
@@ -299,6 +300,17 @@ class RelaySite(Site):
         self.max_body = max_body
         self.request_read_timeout = request_read_timeout
         self.body_budget = BodyBudget(max_bodies_in_flight)
+
+    @classmethod
+    def for_config(cls, resource, config: RelayConfig, **kwargs) -> "RelaySite":
+        """The site the relay serves ``resource`` with under ``config`` (as ``twistd relay`` does)."""
+        return cls(
+            resource,
+            max_body=config.max_body,
+            request_read_timeout=config.request_read_timeout or None,
+            max_bodies_in_flight=config.max_bodies_in_flight,
+            **kwargs,
+        )
 
     def log(self, request) -> None:
         pass
