@@ -44,6 +44,7 @@ from twisted_relay.logs import bounded
 from twisted_relay.message_threads.turns import ThreadKeeper, credential_of, owner_of
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.model_list import model_body, model_list_body, routed_model_ids
+from twisted_relay.redact import redact_text
 from twisted_relay.routing import NoRoute, RequestFacts, RetryRule, Router, route_matches
 from twisted_relay.upstream import UpstreamClients, path_escapes
 from twisted_relay.upstream_headers import attribution_of, drop_attribution
@@ -150,7 +151,9 @@ class RelayedRequest:
         self.status: int | None = None
         self.stream = False
         self.error: str | None = None
-        self.attribution = attribution_of(request.requestHeaders)
+        self.attribution = {
+            name: redact_text(value, context.secrets) for name, value in attribution_of(request.requestHeaders).items()
+        }
         self._attempts: Attempts | None = None
         self._waiting: Deferred | None = None
         self._over_time = False
