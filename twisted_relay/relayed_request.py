@@ -259,6 +259,9 @@ class RelayedRequest:
                     plan = context.router.plan_for_listing()
             if isinstance(plan, NoRoute):
                 raise _no_route_error(context.router, plan, facts, body)
+            # The facts hold the parsed body, which a request waiting on
+            # the upstream must not keep.
+            facts = None
             # What the client sent, for a dump, before the attribution
             # headers are taken out of what goes upstream.
             client_headers = request.requestHeaders.copy()
