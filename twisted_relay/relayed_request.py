@@ -264,8 +264,9 @@ class RelayedRequest:
             facts = None
             # What the client sent, for a dump, before the attribution
             # headers are taken out of what goes upstream.
-            client_headers = request.requestHeaders.copy()
-            if not context.config.forward_attribution:
+            client_headers = request.requestHeaders
+            if self.attribution and not context.config.forward_attribution:
+                client_headers = client_headers.copy()
                 drop_attribution(request.requestHeaders)
             # The body is handed over, not kept in this frame: the first
             # attempt drops it once serialised.
