@@ -250,8 +250,9 @@ class ForwardingTests(RelayTestMixin, SynchronousTestCase):
 
     def test_query_string_and_headers_forwarded(self):
         """
-        ``?beta=true``, ``anthropic-*`` and ``x-claude-code-*`` headers reach
-        the upstream; hop-by-hop headers do not.
+        ``?beta=true`` and ``anthropic-*`` headers reach the upstream;
+        hop-by-hop headers do not, nor Claude Code's attribution headers
+        (``x-claude-code-*``: consumed, see tests.test_gateway_contract).
         """
         upstream = FixedAnswer(200, b"{}", [(b"content-type", b"application/json")])
         relay = self.relay(upstream)
@@ -272,7 +273,7 @@ class ForwardingTests(RelayTestMixin, SynchronousTestCase):
         self.assertEqual(
             headers.getRawHeaders(b"anthropic-beta"), [b"fine-grained-tool-streaming-2025-05-14"]
         )
-        self.assertEqual(headers.getRawHeaders(b"x-claude-code-session-id"), [b"sess-42"])
+        self.assertIsNone(headers.getRawHeaders(b"x-claude-code-session-id"))
         self.assertIsNone(headers.getRawHeaders(b"keep-alive"))
         self.assertEqual(headers.getRawHeaders(b"x-api-key"), [b"sk-test-client"])
 

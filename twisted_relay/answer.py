@@ -31,6 +31,7 @@ from twisted_relay.upstream_headers import client_response_headers, connection_t
 __all__ = [
     "RELAY_REQUEST_ID_HEADER",
     "RELAY_UPSTREAM_HEADER",
+    "SHOULD_RETRY_HEADER",
     "Answer",
     "Exchange",
     "clear_headers",
@@ -47,6 +48,8 @@ __all__ = [
 RELAY_REQUEST_ID_HEADER = b"x-relay-request-id"
 #: The header that names the upstream that served an answer.
 RELAY_UPSTREAM_HEADER = b"x-relay-upstream"
+#: The header that tells a client whether to retry an error (the SDKs obey it).
+SHOULD_RETRY_HEADER = b"x-should-retry"
 
 _JSON = b"application/json"
 # Error types an upstream puts in a mid-stream ``error`` event that mean the
@@ -89,11 +92,13 @@ def whole(request, body: bytes) -> bytes:
 
 def error_answer(request, error: RelayError, request_id: str | None = None) -> bytes:
     """
-    Answer ``request`` with the relay's own Anthropic-shaped ``error``; a
-    request without an id yet (``request_id`` ``None``) is given one.
+    Answer ``request`` with the relay's own Anthropic-shaped ``error`` and
+    its ``x-should-retry`` (:attr:`~twisted_relay.errors.RelayError.should_retry`);
+    a request without an id yet (``request_id`` ``None``) is given one.
     """
     request.setResponseCode(error.status)
     request.setHeader(b"content-type", _JSON)
+    request.setHeader(SHOULD_RETRY_HEADER, error.retry_header())
     if request_id is None:
         request_id = new_request_id()
         request.setHeader(RELAY_REQUEST_ID_HEADER, request_id.encode("ascii"))
@@ -214,6 +219,7 @@ class Exchange:
     translation: object
     attempt: object
     attempts: list
+    attribution: dict | None = None
 
     def dump(self, response, answer: bytes | None, stream_error: dict | None = None) -> DumpRequest:
         """The dump of this exchange refused with ``response`` (its body ``answer``)."""
@@ -237,6 +243,7 @@ class Exchange:
             upstream=self.attempt.upstream.name,
             upstream_model=self.attempt.model,
             attempts=tuple(self.attempts),
+            attribution=self.attribution or None,
         )
 
 

@@ -242,6 +242,9 @@ class RelayConfig:
         starts, so full garbage collections no longer walk it
         (:mod:`twisted_relay.gctuning`); it changes the whole process, so
         only ``twistd relay`` turns it on.
+    :ivar forward_attribution: send Claude Code's attribution headers
+        (``x-app``, ``x-claude-code-*``) upstream too; by default the relay
+        only records them (log line, dumps).
     :ivar upstreams: the backends, in order (at least one); by default one
         named ``default``, Anthropic's API with the clients' own
         credentials. :func:`one_upstream` writes a single one.
@@ -296,6 +299,7 @@ class RelayConfig:
     simulate_options: dict = field(default_factory=dict)
     workers: int = 1
     gc_tuning: bool = False
+    forward_attribution: bool = False
     upstreams: tuple[Upstream, ...] = one_upstream()
     routes: tuple[Route, ...] = ()
     breaker_failures: int = 3

@@ -111,6 +111,7 @@ class DumpRequest:
     upstream: str | None = None
     upstream_model: str | None = None
     attempts: tuple = ()
+    attribution: dict | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "attempts", tuple(self.attempts))
@@ -166,6 +167,7 @@ def build_dump(request: DumpRequest, settings: dict) -> dict:
         "relay_request_id": request.relay_request_id,
         "upstream_request_id": request.upstream_request_id,
         "session_id": request.session_id,
+        "attribution": request.attribution,
         "status": request.status,
         "error": _error_summary(response_body, request.stream_error),
         "upstream_url": redact_url(request.upstream_url),

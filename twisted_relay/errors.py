@@ -11,8 +11,11 @@ from __future__ import annotations
 from twisted_relay._json import to_json
 
 __all__ = [
+    "CAPABILITY_REJECTED",
     "ERROR_TYPES",
+    "RETRYABLE_STATUSES",
     "RelayError",
+    "capability_rejected",
     "error_body",
     "sse_error_event",
 ]
@@ -34,6 +37,23 @@ ERROR_TYPES = {
     504: "timeout_error",
     529: "overloaded_error",
 }
+
+#: The statuses of the relay's own errors that a retry of the same request
+#: can cure (the upstream or the relay is busy, slow or unreachable): their
+#: answers say ``x-should-retry: true``, every other one ``false``.
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
+
+#: Kinds of error whose status would say "retry" but where the same request
+#: meets the same failure: a certificate that does not verify.
+_NEVER_RETRIED_KINDS = frozenset({"tls"})
+
+#: The ``error.details.error_code`` Anthropic gives for the same failure,
+#: by status, where the relay's own error of that status is always it.
+_ERROR_CODES = {408: "request_body_timeout"}
+
+#: The message prefix of an error about a capability the upstreams lack
+#: (Claude Code's gateway protocol): ``capability_rejected: <class>``.
+CAPABILITY_REJECTED = "capability_rejected"
 
 
 def error_body(
@@ -75,6 +95,9 @@ class RelayError(Exception):
         ``dropped``, ``timeout``, ...), or ``None``.
     :ivar error_code: the ``error.details.error_code`` some API errors
         carry (message threads), or ``None``.
+    :ivar should_retry: whether a retry of the same request can help: the
+        answer's ``x-should-retry`` (by status, :data:`RETRYABLE_STATUSES`,
+        unless given).
     """
 
     def __init__(
@@ -84,13 +107,21 @@ class RelayError(Exception):
         error_type: str | None = None,
         kind: str | None = None,
         error_code: str | None = None,
+        should_retry: bool | None = None,
     ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type or ERROR_TYPES.get(status, "api_error")
         self.kind = kind
-        self.error_code = error_code
+        self.error_code = error_code if error_code is not None else _ERROR_CODES.get(status)
+        if should_retry is None:
+            should_retry = status in RETRYABLE_STATUSES and kind not in _NEVER_RETRIED_KINDS
+        self.should_retry = should_retry
+
+    def retry_header(self) -> bytes:
+        """The value of the answer's ``x-should-retry`` header."""
+        return b"true" if self.should_retry else b"false"
 
     def body(self, request_id: str | None = None) -> bytes:
         """The JSON error body for this failure."""
@@ -99,3 +130,16 @@ class RelayError(Exception):
     def sse_event(self) -> bytes:
         """The SSE ``error`` event for this failure, once a stream has begun."""
         return sse_error_event(self.error_type, self.message)
+
+
+def capability_rejected(capability: str) -> RelayError:
+    """
+    The relay's refusal of a request for a capability that no upstream it
+    may use offers: 400 ``invalid_request_error`` whose message is exactly
+    ``capability_rejected: <capability>`` (Claude Code's gateway protocol,
+    which reads the class from it), so that a client can send the request
+    again without it; not worth a retry as it is.
+
+    :param capability: the class, e.g. ``image_block``, ``thinking_type:enabled``.
+    """
+    return RelayError(400, "%s: %s" % (CAPABILITY_REJECTED, capability), kind="capability", should_retry=False)

@@ -19,7 +19,7 @@ import hmac
 import io
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ujson
@@ -34,16 +34,20 @@ from twisted_relay.answer import (
     clear_headers,
     error_answer,
     new_request_id,
+    whole,
 )
 from twisted_relay.attempts import Attempts
 from twisted_relay.config import RelayConfig
 from twisted_relay.drain import InFlight
-from twisted_relay.errors import RelayError
+from twisted_relay.errors import RelayError, capability_rejected
 from twisted_relay.logs import bounded
 from twisted_relay.message_threads.turns import ThreadKeeper, credential_of, owner_of
 from twisted_relay.metrics import RelayMetrics
-from twisted_relay.routing import NoRoute, RequestFacts, RetryRule, Router
+from twisted_relay.model_list import model_body, model_list_body, routed_model_ids
+from twisted_relay.redact import redact_text
+from twisted_relay.routing import NoRoute, RequestFacts, RetryRule, Router, route_matches
 from twisted_relay.upstream import UpstreamClients, path_escapes
+from twisted_relay.upstream_headers import attribution_of, drop_attribution
 
 __all__ = [
     "COUNT_TOKENS",
@@ -130,6 +134,9 @@ class RelayedRequest:
     :ivar turn: the message thread's turn it takes, if any.
     :ivar stream: its answer is streamed (for the log line).
     :ivar error: what went wrong, for the log line.
+    :ivar attribution: Claude Code's attribution headers the client sent
+        (``x-claude-code-session-id`` ...), bounded, for the log line and
+        dumps (:func:`~twisted_relay.upstream_headers.attribution_of`).
     """
 
     def __init__(self, context: RequestContext, request, route: RouteKind, model_id: str | None = None):
@@ -144,6 +151,9 @@ class RelayedRequest:
         self.status: int | None = None
         self.stream = False
         self.error: str | None = None
+        self.attribution = {
+            name: redact_text(value, context.secrets) for name, value in attribution_of(request.requestHeaders).items()
+        }
         self._attempts: Attempts | None = None
         self._waiting: Deferred | None = None
         self._over_time = False
@@ -230,19 +240,34 @@ class RelayedRequest:
             # Checked before anything is read or sent: a path that could
             # leave the upstream's base path is never sent.
             path = upstream_path(request)
+            facts = None
             if route.has_body:
                 raw = _read_body(context.config, request)
                 body = _parse_messages_body(raw)
                 if route.threads and "thread" in body:
                     body, raw = await self._open_thread(body, raw)
                 stream_asked = body.get("stream") is True
-                plan = context.router.plan(body, len(raw))
-            elif self.model_id is not None:
-                plan = context.router.plan_for(RequestFacts.for_model(self.model_id))
+                facts = RequestFacts(body, len(raw))
+                plan = context.router.plan_for(facts)
             else:
-                plan = context.router.plan_for_listing()
+                listed = routed_model_ids(context.router.config)
+                if listed is not None:
+                    return self._model_list(listed)
+                if self.model_id is not None:
+                    plan = context.router.plan_for(RequestFacts.for_model(self.model_id))
+                else:
+                    plan = context.router.plan_for_listing()
             if isinstance(plan, NoRoute):
-                raise plan.error()
+                raise _no_route_error(context.router, plan, facts, body)
+            # The facts hold the parsed body, which a request waiting on
+            # the upstream must not keep.
+            facts = None
+            # What the client sent, for a dump, before the attribution
+            # headers are taken out of what goes upstream.
+            client_headers = request.requestHeaders
+            if self.attribution and not context.config.forward_attribution:
+                client_headers = client_headers.copy()
+                drop_attribution(request.requestHeaders)
             # The body is handed over, not kept in this frame: the first
             # attempt drops it once serialised.
             attempts = self._attempts = Attempts(context, self, plan, path, raw, body)
@@ -255,7 +280,8 @@ class RelayedRequest:
         attempt = attempts.attempt
         exchange = Exchange(
             self.id, received_at, context.clients[attempt.upstream.name].display_url + sent.path,
-            request.requestHeaders, raw, sent.headers, sent.body, sent.translation, attempt, attempts.labels(),
+            client_headers, raw, sent.headers, sent.body, sent.translation, attempt, attempts.labels(),
+            self.attribution,
         )
         answer = Answer(context, self, attempts, response, exchange)
         answer.set_headers()
@@ -263,6 +289,24 @@ class RelayedRequest:
             await answer.stream()
             return None
         return await answer.whole_body()
+
+    def _model_list(self, listed: tuple[str, ...]) -> bytes:
+        """
+        The relay's own answer to ``GET /v1/models`` or ``/v1/models/{id}``
+        when its routes name their models (:mod:`twisted_relay.model_list`):
+        the listed ids, and any model a route serves; 404 for the rest.
+        """
+        request, model_id = self.request, self.model_id
+        if model_id is None:
+            body = model_list_body(listed, request.args)
+        elif model_id in listed or self.context.router.route_for(RequestFacts.for_model(model_id)) is not None:
+            body = model_body(model_id)
+        else:
+            error = RelayError(404, "model: %s" % (bounded(model_id),))
+            self.error = error.message
+            return error_answer(request, error, self.id)
+        request.setHeader(b"content-type", b"application/json")
+        return whole(request, body)
 
     async def _open_thread(self, body: dict, raw: bytes) -> tuple[dict, bytes]:
         """
@@ -311,7 +355,35 @@ class RelayedRequest:
             upstream=None if attempt is None else attempt.upstream.name,
             upstream_model=None if attempt is None or attempt.model is None else bounded(attempt.model),
             attempts=None if attempts is None else attempts.labels(),
+            attribution=self.attribution or None,
         )
+
+
+def _no_route_error(router: Router, no_route: NoRoute, facts: RequestFacts | None, body: dict | None) -> RelayError:
+    """
+    The error for a request no route takes. When a route would take it but
+    for a capability the route keeps off its upstreams (``thinking = false``
+    for a request that thinks, ``images = false`` for one holding an image),
+    the relay refuses that capability, with Claude Code's convention
+    (:func:`~twisted_relay.errors.capability_rejected`), so that the client
+    can send it again without; otherwise the 404 of
+    :class:`~twisted_relay.routing.NoRoute`.
+    """
+    if facts is not None:
+        for route in router.config.routes:
+            if not route_matches(replace(route, thinking=None, images=None), facts):
+                continue
+            if route.thinking is False and facts.thinking:
+                return capability_rejected("thinking_type:%s" % (_thinking_type(body),))
+            if route.images is False and facts.images:
+                return capability_rejected("image_block")
+    return no_route.error()
+
+
+def _thinking_type(body: dict | None) -> str:
+    thinking = (body or {}).get("thinking")
+    kind = thinking.get("type", "enabled") if isinstance(thinking, dict) else "enabled"
+    return bounded(kind, 40) if isinstance(kind, str) else "enabled"
 
 
 def method_and_path(request) -> tuple[str, str]:

@@ -180,6 +180,12 @@ FLAGS = [
         "Leave Python's garbage collector as it is (by default the relay freezes what exists "
         "at start, so that full collections no longer walk it).",
     ],
+    [
+        "forward-attribution",
+        None,
+        "Send Claude Code's attribution headers (x-app, x-claude-code-*) upstream too "
+        "(by default they are only logged and dumped).",
+    ],
 ]
 
 #: The settings a reload changes; the others keep their running values
@@ -416,6 +422,7 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
         simulate=simulate,
         workers=workers,
         gc_tuning=not values["no-gc-tuning"],
+        forward_attribution=bool(values["forward-attribution"]),
         threads=values["threads"],
         thread_store=thread_store,
         thread_ttl=thread_ttl,

@@ -19,9 +19,12 @@ from twisted.web.iweb import IResponse
 from twisted_relay.errors import RelayError
 
 __all__ = [
+    "ATTRIBUTION_HEADERS",
     "HOP_BY_HOP",
+    "attribution_of",
     "client_response_headers",
     "connection_tokens",
+    "drop_attribution",
     "upstream_request_headers",
 ]
 
@@ -55,6 +58,44 @@ _NOT_FORWARDED_TO_CLIENT = HOP_BY_HOP | {
     b"server",
 }
 _CREDENTIALS = (b"x-api-key", b"authorization")
+
+#: Claude Code's attribution headers (its gateway protocol): a gateway may
+#: consume them for cost and tracing and need not forward them. The relay
+#: records them (log line, dumps) and forwards them only when told to
+#: (``--forward-attribution``).
+ATTRIBUTION_HEADERS = (
+    b"x-app",
+    b"x-claude-code-session-id",
+    b"x-claude-code-agent-id",
+    b"x-claude-code-parent-agent-id",
+    b"x-claude-code-prompt-id",
+    b"x-claude-code-managed-settings-checksum",
+)
+# The most characters of one attribution value the relay records.
+_ATTRIBUTION_CHARS = 200
+
+
+def attribution_of(headers: Headers) -> dict[str, str]:
+    """
+    The attribution headers a client sent, by name (``x-claude-code-session-id``
+    ...), each its first value as text, cut at 200 characters: what the log
+    line and the dumps record.
+    """
+    found = {}
+    for name in ATTRIBUTION_HEADERS:
+        values = headers.getRawHeaders(name)
+        if values:
+            text = values[0].decode("latin-1")
+            if len(text) > _ATTRIBUTION_CHARS:
+                text = text[:_ATTRIBUTION_CHARS] + "...(%d chars)" % (len(text),)
+            found[name.decode("ascii")] = text
+    return found
+
+
+def drop_attribution(headers: Headers) -> None:
+    """Remove every attribution header from ``headers`` (in place)."""
+    for name in ATTRIBUTION_HEADERS:
+        headers.removeHeader(name)
 
 
 def _connection_tokens(headers: Headers) -> set[bytes]:
