@@ -937,6 +937,8 @@ class SlowClientTests(FaultTestCase):
         body = ujson.loads(response.body)
         self.assertEqual(body["type"], "error")
         self.assertEqual(body["error"]["type"], "timeout_error")
+        # A slow client may well be faster next time (docs/gateway.md).
+        self.assertEqual(response.header(b"x-should-retry"), b"true")
         self.assertEqual(self.upstream.request_count, 0)
         await self.assert_clean()
 

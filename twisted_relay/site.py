@@ -264,13 +264,14 @@ class _RelayChannel(HTTPChannel):
 
     def _too_slow(self) -> None:
         self._read_deadline = None
-        body = RelayError(
+        error = RelayError(
             408,
             "The request was not received within %g seconds." % (self.site.request_read_timeout,),
-        ).body()
+        )
+        body = error.body()
         self.transport.write(
-            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nX-Should-Retry: %s\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (error.retry_header(), len(body), body)
         )
         self.transport.loseConnection()
 
