@@ -46,7 +46,11 @@ def _block_events(index: int, block: dict, rng: random.Random) -> Iterator[tuple
         deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"], rng, False)]
     elif kind == "thinking":
         start = {"type": "thinking", "thinking": "", "signature": ""}
-        deltas = [{"type": "thinking_delta", "thinking": piece} for piece in _pieces(block["thinking"], rng, False)]
+        # An omitted-display block (empty text) carries only its signature.
+        deltas = [
+            {"type": "thinking_delta", "thinking": piece}
+            for piece in (_pieces(block["thinking"], rng, False) if block["thinking"] else [])
+        ]
         deltas.append({"type": "signature_delta", "signature": block["signature"]})
     elif _is_declaration(block):
         start = {"type": kind, "name": block["name"], "input": {}}
