@@ -395,3 +395,44 @@ class AnswerTests(SynchronousTestCase):
         self.assertEqual(events[-1][1]["error"]["type"], "overloaded_error")
         self.assertEqual(events[-1][1]["request_id"], response.headers.getRawHeaders("request-id")[0])
         self.assertNotIn("message_stop", [name for name, _ in events])
+
+
+class RareAnswerTests(SynchronousTestCase):
+    """Refusals and compactions, seeded and off by default."""
+
+    def test_off_by_default(self) -> None:
+        """A default upstream never refuses nor compacts."""
+        up = _Upstream()
+        reasons = {up.post(_body([{"role": "user", "content": f"question {i}"}]))[1]["stop_reason"]
+                   for i in range(12)}
+        self.assertEqual(reasons, {"tool_use"})
+
+    def test_refusal(self) -> None:
+        """refusals=1: every answer is a refusal with stop_details, and the session goes on."""
+        up = _Upstream(refusals=1.0)
+        _, answer = up.post(_body([{"role": "user", "content": "hi"}]))
+        self.assertEqual(answer["stop_reason"], "refusal")
+        self.assertEqual(answer["stop_details"]["type"], "refusal")
+        self.assertIn(answer["stop_details"]["category"], ("cyber", "general_harms"))
+        messages = [{"role": "user", "content": "hi"}, _assistant(answer), {"role": "user", "content": "Go on."}]
+        self.assertEqual(up.post(_body(messages))[0].code, 200)
+
+    def test_compaction(self) -> None:
+        """compactions=1: a compaction block alone, sent back by value with the rest."""
+        up = _Upstream(compactions=1.0)
+        _, answer = up.post(_body([{"role": "user", "content": "hi"}]))
+        self.assertEqual(answer["stop_reason"], "compaction")
+        self.assertEqual([block["type"] for block in answer["content"]], ["compaction"])
+        self.assertTrue(answer["content"][0]["encrypted_content"])
+
+    def test_seeded_share(self) -> None:
+        """A share in between: some answers, the same ones on every instance."""
+        def kinds() -> list:
+            up = _Upstream(refusals=0.5, seed=1)
+            return [up.post(_body([{"role": "user", "content": f"question {i}"}]))[1]["stop_reason"]
+                    for i in range(12)]
+
+        first = kinds()
+        self.assertEqual(first, kinds())
+        self.assertIn("refusal", first)
+        self.assertTrue(set(first) - {"refusal"})

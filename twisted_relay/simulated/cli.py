@@ -171,6 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="Share of streamed answers cut by a mid-stream error event, 0 to 1 (default: %(default)s).",
     )
     parser.add_argument(
+        "--refusals",
+        metavar="SHARE",
+        type=_share,
+        default=0.0,
+        help="Share of today's models' answers that are a refusal with stop_details (default: %(default)s).",
+    )
+    parser.add_argument(
+        "--compactions",
+        metavar="SHARE",
+        type=_share,
+        default=0.0,
+        help="Share of today's models' answers that are a compaction block (default: %(default)s).",
+    )
+    parser.add_argument(
         "--require-key",
         metavar="KEY",
         help="Answer 401 unless x-api-key or Authorization: Bearer carries KEY.",
@@ -221,6 +235,8 @@ def upstream_from(options: argparse.Namespace, reactor: object = None) -> Simula
         accounts=dict(options.account),
         binding_default=options.binding_default,
         stream_errors=options.stream_errors,
+        refusals=options.refusals,
+        compactions=options.compactions,
     )
 
 

@@ -53,7 +53,7 @@ from twisted_relay.simulated.model import (
     seeded_rng,
 )
 from twisted_relay.simulated.thinking import DEFAULT_SECRET
-from twisted_relay.simulated.today import APIS, TodayRules, family_of
+from twisted_relay.simulated.today import APIS, TodayRules, family_of, rare_answer
 
 __all__ = ["MAX_BODY", "ReceivedRequest", "SimulatedUpstream", "get_model", "list_models"]
 
@@ -134,6 +134,10 @@ class SimulatedUpstream:
     :param stream_errors: the share of streamed answers (seeded by their
         content) cut after their first block by an ``error`` event
         (``overloaded_error``); 0 never, 1 always.
+    :param refusals: the share of today's models' answers (seeded by the
+        request) that are a ``refusal`` with ``stop_details``; 0 never.
+    :param compactions: likewise, answers that are a ``compaction`` block
+        (``stop_reason`` ``compaction``).
 
     :ivar requests: the last requests received, oldest first, as
         :class:`ReceivedRequest`.
@@ -163,11 +167,14 @@ class SimulatedUpstream:
         accounts: dict[str, str] | None = None,
         binding_default: str = "error",
         stream_errors: float = 0.0,
+        refusals: float = 0.0,
+        compactions: float = 0.0,
     ):
         if api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}")
-        if not 0.0 <= stream_errors <= 1.0:
-            raise ValueError("stream_errors must be between 0 and 1")
+        for name, share in (("stream_errors", stream_errors), ("refusals", refusals), ("compactions", compactions)):
+            if not 0.0 <= share <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
         if event_delay < 0:
@@ -198,6 +205,7 @@ class SimulatedUpstream:
         self.threads = SimulatedThreads(threads, lambda: self.reactor)
         self.api = api
         self.stream_errors = stream_errors
+        self.rare = (("refusal", refusals), ("compaction", compactions))
         self.today: TodayRules | None = None
         if api == "2026-12":
             self.today = TodayRules(
@@ -276,6 +284,15 @@ class SimulatedUpstream:
             check_shape(body, for_count=for_count)
         return self.today.prepare(body, headers)
 
+    def _maybe_rare(self, message: dict, body: dict) -> dict:
+        """A refusal or a compaction instead, when the seeded draw says so."""
+        draw = seeded_rng(self.options.seed, "rare", body.get("messages")).random()
+        for kind, share in self.rare:
+            if draw < share:
+                return rare_answer(message, kind)
+            draw -= share
+        return message
+
     def answer(self, body: Any, headers: dict[str, str]) -> dict:
         """
         Validate a Messages request and compose the model's answer; in
@@ -310,6 +327,8 @@ class SimulatedUpstream:
         else:
             options = self.options if prepared.family is None else self._today_options
             message = self.today.finish(compose_answer(prepared.body, options), prepared, body)
+            if prepared.family is not None:
+                message = self._maybe_rare(message, prepared.body)
         if key is not None:
             self._ledger.record(key, declaration_ids(body["messages"]) + declaration_ids([message]))
         return message, turn

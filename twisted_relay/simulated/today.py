@@ -46,6 +46,7 @@ __all__ = [
     "check_version",
     "family_of",
     "fresh_message_id",
+    "rare_answer",
 ]
 
 #: The APIs the simulated upstream speaks: today's, and the one of a year ago.
@@ -375,3 +376,38 @@ class TodayRules:
         if prepared.beta and prepared.family is not None:
             answer["input_transformations"] = list(prepared.bound.transformations if prepared.bound else [])
         return answer
+
+
+# -- rare answers -------------------------------------------------------------
+
+
+def rare_answer(message: dict, kind: str) -> dict:
+    """
+    ``message`` turned into a rarer answer of today's API.
+
+    :param kind: ``"refusal"`` (a classifier stopped the answer:
+        ``stop_reason`` ``refusal`` with ``stop_details``) or ``"compaction"``
+        (the server compacted the context: a ``compaction`` block alone,
+        ``stop_reason`` ``compaction``; send it back and go on).
+    """
+    rng = seeded_rng(kind, message["content"])
+    if kind == "refusal":
+        return dict(
+            message,
+            content=[{"type": "text", "text": "I can't help with that part of the request."}],
+            stop_reason="refusal",
+            stop_details={
+                "type": "refusal",
+                "category": rng.choice(("cyber", "general_harms")),
+                "explanation": "A safety classifier stopped this answer.",
+            },
+        )
+    if kind == "compaction":
+        opaque = "".join(rng.choice(_BASE62) for _ in range(48))
+        return dict(
+            message,
+            content=[{"type": "compaction", "content": "Summary: the tools were called in turn; all went well.",
+                      "encrypted_content": opaque}],
+            stop_reason="compaction",
+        )
+    raise ValueError(f"unknown rare answer {kind!r}")
