@@ -436,3 +436,35 @@ class RareAnswerTests(SynchronousTestCase):
         self.assertEqual(first, kinds())
         self.assertIn("refusal", first)
         self.assertTrue(set(first) - {"refusal"})
+
+
+class CommandLineTests(SynchronousTestCase):
+    """``twisted-relay-simulated``'s options for today's API."""
+
+    def test_defaults_and_values(self) -> None:
+        """Today's API by default; --api 2025 and the binding, account and share options."""
+        from twisted_relay.simulated.cli import parse_args, upstream_from
+
+        default = upstream_from(parse_args([]))
+        self.assertEqual((default.api, default.stream_errors), ("2026-12", 0.0))
+        self.assertEqual(default.today.binding_default, "error")
+        chosen = upstream_from(parse_args([
+            "--account", "k0=acme", "--account", "k1=acme", "--binding-default", "allow",
+            "--stream-errors", "0.25", "--refusals", "0.1", "--compactions", "0.2",
+        ]))
+        self.assertEqual(chosen.today.accounts, {"k0": "acme", "k1": "acme"})
+        self.assertEqual(chosen.today.binding_default, "allow")
+        self.assertEqual((chosen.stream_errors, chosen.rare), (0.25, (("refusal", 0.1), ("compaction", 0.2))))
+        self.assertIsNone(upstream_from(parse_args(["--api", "2025"])).today)
+
+    def test_bad_values(self) -> None:
+        """Bad values are usage errors (exit status 2)."""
+        import contextlib
+        import io
+
+        from twisted_relay.simulated.cli import parse_args
+
+        for argv in (["--api", "2024"], ["--account", "nokey"], ["--stream-errors", "2"], ["--refusals", "x"]):
+            with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as raised:
+                parse_args(argv)
+            self.assertEqual(raised.exception.code, 2, argv)
