@@ -468,3 +468,27 @@ class CommandLineTests(SynchronousTestCase):
             with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as raised:
                 parse_args(argv)
             self.assertEqual(raised.exception.code, 2, argv)
+
+
+class FallbackTests(SynchronousTestCase):
+    """Server-side fallback: a refused turn served by the next model."""
+
+    def test_fallback_block(self) -> None:
+        """With ``fallbacks`` and its beta, a refusal becomes the fallback model's answer after
+        a ``fallback`` block, with a ``fallback_message`` iteration; sent back in place, the
+        session goes on.  Without the beta the field is refused."""
+        up = _Upstream(refusals=1.0)
+        first = [{"role": "user", "content": "hi"}]
+        response, error = up.post(_body(first, fallbacks="default"))
+        self.assertEqual(error["error"]["message"], "fallbacks: Extra inputs are not permitted")
+        headers = {"anthropic-beta": "server-side-fallback-2026-07-01"}
+        response, answer = up.post(_body(first, fallbacks=[{"model": "claude-opus-5"}]), headers=headers)
+        self.assertEqual(response.code, 200)
+        self.assertEqual(answer["model"], "claude-opus-5")
+        marker = answer["content"][0]
+        self.assertEqual((marker["type"], marker["from"], marker["to"]),
+                         ("fallback", {"model": SONNET}, {"model": "claude-opus-5"}))
+        self.assertEqual([it["type"] for it in answer["usage"]["iterations"]], ["message", "fallback_message"])
+        self.assertEqual(answer["stop_reason"], "tool_use")
+        messages = first + [_assistant(answer), _answer_results(answer)]
+        self.assertEqual(up.post(_body(messages, fallbacks="default"), headers=headers)[0].code, 200)

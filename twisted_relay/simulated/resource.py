@@ -289,7 +289,7 @@ class SimulatedUpstream:
         draw = seeded_rng(self.options.seed, "rare", body.get("messages")).random()
         for kind, share in self.rare:
             if draw < share:
-                return rare_answer(message, kind)
+                return rare_answer(message, kind, body)
             draw -= share
         return message
 

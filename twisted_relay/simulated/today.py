@@ -38,6 +38,8 @@ from twisted_relay.simulated.thinking import (
 
 __all__ = [
     "APIS",
+    "DEFAULT_FALLBACK",
+    "FALLBACK_BETA",
     "FAMILIES",
     "VERSIONS",
     "Family",
@@ -51,6 +53,12 @@ __all__ = [
 
 #: The APIs the simulated upstream speaks: today's, and the one of a year ago.
 APIS = ("2026-12", "2025")
+
+#: The beta value that lets a request name ``fallbacks``.
+FALLBACK_BETA = "server-side-fallback-2026-07-01"
+
+#: Where ``fallbacks: "default"`` hands a refused turn.
+DEFAULT_FALLBACK = "claude-sonnet-5"
 
 #: The ``anthropic-version`` values in force.
 VERSIONS = ("2023-06-01", "2026-10-21")
@@ -312,6 +320,8 @@ class TodayRules:
         family = family_of(body.get("model"))
         if family is None:
             return Prepared(body, None, False, "omitted", None, beta, account)
+        if "fallbacks" in body and FALLBACK_BETA not in betas:
+            raise invalid("fallbacks: Extra inputs are not permitted")
         plan = _thinking_plan(body, family, betas)
         may_think = _check_tool_choice(body, family)
         binding = Binding(
@@ -381,16 +391,40 @@ class TodayRules:
 # -- rare answers -------------------------------------------------------------
 
 
-def rare_answer(message: dict, kind: str) -> dict:
+def _fallback_model(fallbacks: Any) -> str | None:
+    if fallbacks == "default":
+        return DEFAULT_FALLBACK
+    if isinstance(fallbacks, list) and fallbacks and isinstance(fallbacks[0], dict):
+        model = fallbacks[0].get("model")
+        return model if isinstance(model, str) else None
+    return None
+
+
+def rare_answer(message: dict, kind: str, body: dict | None = None) -> dict:
     """
     ``message`` turned into a rarer answer of today's API.
 
     :param kind: ``"refusal"`` (a classifier stopped the answer:
-        ``stop_reason`` ``refusal`` with ``stop_details``) or ``"compaction"``
-        (the server compacted the context: a ``compaction`` block alone,
-        ``stop_reason`` ``compaction``; send it back and go on).
+        ``stop_reason`` ``refusal`` with ``stop_details``; when the request
+        names ``fallbacks``, the next model serves the turn instead, after a
+        ``fallback`` block) or ``"compaction"`` (the server compacted the
+        context: a ``compaction`` block alone, ``stop_reason`` ``compaction``;
+        send it back and go on).
+    :param body: the request (its ``fallbacks``).
     """
     rng = seeded_rng(kind, message["content"])
+    category = rng.choice(("cyber", "general_harms"))
+    fallback = _fallback_model((body or {}).get("fallbacks"))
+    if kind == "refusal" and fallback is not None:
+        served = [block for block in message["content"] if block.get("type") not in ("thinking", "redacted_thinking")]
+        marker = {"type": "fallback", "from": {"model": message["model"]}, "to": {"model": fallback},
+                  "trigger": {"type": "refusal", "category": category}}
+        usage = dict(message["usage"])
+        tokens = {key: usage.get(key, 0) for key in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
+                                                     "cache_read_input_tokens")}
+        usage["iterations"] = [dict(tokens, type="message", model=message["model"], output_tokens=1),
+                               dict(tokens, type="fallback_message", model=fallback)]
+        return dict(message, model=fallback, content=[marker, *served], usage=usage)
     if kind == "refusal":
         return dict(
             message,
@@ -398,7 +432,7 @@ def rare_answer(message: dict, kind: str) -> dict:
             stop_reason="refusal",
             stop_details={
                 "type": "refusal",
-                "category": rng.choice(("cyber", "general_harms")),
+                "category": category,
                 "explanation": "A safety classifier stopped this answer.",
             },
         )
