@@ -492,3 +492,24 @@ class FallbackTests(SynchronousTestCase):
         self.assertEqual(answer["stop_reason"], "tool_use")
         messages = first + [_assistant(answer), _answer_results(answer)]
         self.assertEqual(up.post(_body(messages, fallbacks="default"), headers=headers)[0].code, 200)
+
+
+class ToolLoopRuleTests(SynchronousTestCase):
+    """The "final assistant turn of a tool loop starts with thinking" rule (year-old
+    models with a thinking secret): today only for manual ``enabled`` thinking."""
+
+    def _loop(self, thinking: dict, **options: Any) -> int:
+        up = _Upstream(mode="lenient", thinking_secret="s", **options)
+        old = "claude-sonnet-4-5"
+        first = [{"role": "user", "content": "hi"}]
+        _, answer = up.post(_body(first, old, thinking=thinking))
+        content = [block for block in answer["content"] if block["type"] != "thinking"]
+        messages = first + [{"role": "assistant", "content": content}, _answer_results(answer)]
+        return up.post(_body(messages, old, thinking=thinking))[0].code
+
+    def test_manual_only(self) -> None:
+        """Thinking left out of the loop: 400 with ``enabled``; accepted with ``adaptive``
+        under today's API, refused under the year-old one."""
+        self.assertEqual(self._loop({"type": "enabled", "budget_tokens": 1024}), 400)
+        self.assertEqual(self._loop({"type": "adaptive"}), 200)
+        self.assertEqual(self._loop({"type": "adaptive"}, api="2025"), 400)

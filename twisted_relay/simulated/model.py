@@ -290,12 +290,13 @@ def _thinking_on(body: Any) -> bool:
     return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
 
 
-def check_thinking(body: dict, secret: str) -> None:
+def check_thinking(body: dict, secret: str, manual_only: bool = False) -> None:
     """
     Reject what Anthropic rejects about thinking: a thinking block whose
     signature this upstream did not make (any ``redacted_thinking`` block:
     this model never redacts), and, with thinking on, a tool loop whose final
-    assistant message does not start with a thinking block.
+    assistant message does not start with a thinking block (today's API:
+    ``manual_only``, with manual ``enabled`` thinking only).
 
     :raises Rejection: for the first fault.
     """
@@ -310,7 +311,8 @@ def check_thinking(body: dict, secret: str) -> None:
                     raise _invalid(f"messages.{n}.content.{m}: Invalid `signature` in `thinking` block")
             elif kind == "redacted_thinking":
                 raise _invalid(f"messages.{n}.content.{m}: Invalid `data` in `redacted_thinking` block")
-    if not _thinking_on(body):
+    thinking = body.get("thinking")
+    if not _thinking_on(body) or manual_only and not (isinstance(thinking, dict) and thinking["type"] == "enabled"):
         return
     last = next((n for n in range(len(messages) - 1, -1, -1) if messages[n].get("role") == "assistant"), None)
     if last is None or not any(

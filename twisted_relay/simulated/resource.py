@@ -261,7 +261,7 @@ class SimulatedUpstream:
             if self.id_pattern is not None:
                 check_id_pattern(body["messages"], self.id_pattern)
             if self.options.thinking_secret is not None and not for_count and not self._is_today(body):
-                check_thinking(body, self.options.thinking_secret)
+                check_thinking(body, self.options.thinking_secret, manual_only=self.api == "2026-12")
         if self.mode == "lenient":
             return None
         check_shape(body, for_count=for_count)
