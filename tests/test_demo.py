@@ -184,6 +184,36 @@ class SessionTests(_SessionCase):
         self.assertEqual(report.duplicates, [])
         self.assertEqual(len(report.rewritten), 30 // 3)
 
+    async def test_through_the_relay_on_todays_model(self) -> None:
+        """
+        The strict simulated upstream speaks today's API by default: a session
+        on Sonnet 5.5 (adaptive thinking, each block bound to its prefix and
+        account) survives behind the relay, every thinking block goes back to
+        the upstream at every turn, and replaying the last request with the
+        binding beta shows none was dropped.
+        """
+        from twisted_relay.config import RelayConfig, one_upstream
+        from twisted_relay.simulated.thinking import BINDING_BETA
+
+        from tests.helpers import serve_relay
+
+        sim, upstream = self.serve(mode="strict", reuse_every=3)
+        base_url = serve_relay(self, RelayConfig(listen=(), upstreams=one_upstream(upstream), dump_dir=None), reactor).url
+        options = self.options(base_url, "--turns", "20", "--model", "claude-sonnet-5-5")
+        report = await run_session(reactor, options, io.StringIO())
+        self.assertTrue(report.ok, report.failures)
+        self.assertEqual(report.duplicates, [])
+        sent = [request.body for request in sim.requests]
+        thinking = [
+            sum(1 for message in body["messages"] if isinstance(message["content"], list)
+                for block in message["content"] if block["type"] == "thinking")
+            for body in sent
+        ]
+        self.assertEqual(thinking, list(range(20)))
+        last = sim.requests[-1]
+        answer = sim.answer(last.body, dict(last.headers, **{"anthropic-beta": BINDING_BETA}))
+        self.assertEqual(answer["input_transformations"], [])
+
     async def test_key_passed(self) -> None:
         """The key reaches the upstream; a refused key fails turn 1 and is never printed."""
         _, url = self.serve(mode="lenient", require_key="sk-ant-test-key")

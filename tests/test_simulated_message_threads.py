@@ -45,7 +45,8 @@ class KnowsTests(SynchronousTestCase):
     def test_continue_is_answered_as_the_whole_conversation(self):
         """Create then two continues are answered exactly as the whole history sent each time
         to an upstream without threads (same ids, same content)."""
-        plain = _Upstream(mode="strict", seed=3, reuse_every=0)
+        plain = _Upstream(mode="strict", seed=3, reuse_every=0, api="2025")
+        self.up = _Upstream(mode="strict", seed=3, reuse_every=0, threads="knows", api="2025")
         history = [FIRST]
         response, answer = self.up.post(create(history))
         self.assertEqual(response.code, 200)
@@ -114,9 +115,11 @@ class KnowsTests(SynchronousTestCase):
         self.assert_thread_error(response, error, 400, "invalid_request_error", "thread_fingerprint_mismatch")
 
     def test_plain_requests_unchanged(self):
-        """Requests without a thread are answered as before."""
-        plain = _Upstream(mode="strict", seed=3, reuse_every=0)
-        self.assertEqual(self.up.post(_body([FIRST]))[1], plain.post(_body([FIRST]))[1])
+        """Requests without a thread are answered as before (the year-old API,
+        whose msg_ id follows from the request)."""
+        plain = _Upstream(mode="strict", seed=3, reuse_every=0, api="2025")
+        up = _Upstream(mode="strict", seed=3, reuse_every=0, threads="knows", api="2025")
+        self.assertEqual(up.post(_body([FIRST]))[1], plain.post(_body([FIRST]))[1])
 
 
 class RejectsAndIgnoresTests(SynchronousTestCase):

@@ -25,6 +25,7 @@ from twisted_relay._argtypes import seconds, whole_number
 from twisted_relay.simulated.message_threads import THREAD_MODES
 from twisted_relay.simulated.model import ID_STYLES, LEFT_OUT_IDS, MODES
 from twisted_relay.simulated.resource import SimulatedUpstream
+from twisted_relay.simulated.today import APIS
 
 __all__ = ["build_parser", "main", "parse_args", "serve", "upstream_from"]
 
@@ -51,6 +52,23 @@ def _pattern(text: str) -> str:
     except re.error as e:
         raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {e}")
     return text
+
+
+def _account(text: str) -> tuple[str, str]:
+    key, separator, account = text.partition("=")
+    if not separator or not key or not account:
+        raise argparse.ArgumentTypeError("expected KEY=ACCOUNT")
+    return key, account
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not between 0 and 1")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +141,50 @@ def build_parser() -> argparse.ArgumentParser:
         help="Sign thinking blocks with SECRET and refuse thinking signed otherwise.",
     )
     parser.add_argument(
+        "--api",
+        choices=APIS,
+        default="2026-12",
+        help="Today's API (model families, bound thinking, both API versions) or the year-old one "
+        "(default: %(default)s).",
+    )
+    parser.add_argument(
+        "--account",
+        metavar="KEY=ACCOUNT",
+        type=_account,
+        action="append",
+        default=[],
+        help="Name the account of an API key (repeatable): keys of one account read each other's "
+        "account-bound thinking; a key not named is an account of its own.",
+    )
+    parser.add_argument(
+        "--binding-default",
+        choices=("error", "allow"),
+        default="error",
+        help="An account created since 2026-08-31 (a changed prefix is a 400) or an older one "
+        "(default: %(default)s).",
+    )
+    parser.add_argument(
+        "--stream-errors",
+        metavar="SHARE",
+        type=_share,
+        default=0.0,
+        help="Share of streamed answers cut by a mid-stream error event, 0 to 1 (default: %(default)s).",
+    )
+    parser.add_argument(
+        "--refusals",
+        metavar="SHARE",
+        type=_share,
+        default=0.0,
+        help="Share of today's models' answers that are a refusal with stop_details (default: %(default)s).",
+    )
+    parser.add_argument(
+        "--compactions",
+        metavar="SHARE",
+        type=_share,
+        default=0.0,
+        help="Share of today's models' answers that are a compaction block (default: %(default)s).",
+    )
+    parser.add_argument(
         "--require-key",
         metavar="KEY",
         help="Answer 401 unless x-api-key or Authorization: Bearer carries KEY.",
@@ -169,6 +231,12 @@ def upstream_from(options: argparse.Namespace, reactor: object = None) -> Simula
         id_pattern=options.id_pattern,
         left_out_ids=options.left_out_ids,
         thinking_secret=options.thinking_secret,
+        api=options.api,
+        accounts=dict(options.account),
+        binding_default=options.binding_default,
+        stream_errors=options.stream_errors,
+        refusals=options.refusals,
+        compactions=options.compactions,
     )
 
 
@@ -187,8 +255,9 @@ async def serve(reactor: object, options: argparse.Namespace) -> IListeningPort:
         log.error("Cannot listen on {listen}: {error}", listen=options.listen, error=error)
         raise SystemExit(1)
     log.info(
-        "Simulated upstream ({mode}, seed {seed}, reuse every {reuse}) listening on {address}",
+        "Simulated upstream ({mode}, API {api}, seed {seed}, reuse every {reuse}) listening on {address}",
         mode=options.mode,
+        api=options.api,
         seed=options.seed,
         reuse=options.reuse_every,
         address=port.getHost(),

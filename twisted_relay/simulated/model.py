@@ -18,12 +18,24 @@ import hashlib
 import hmac
 import random
 import re
-from bisect import bisect_right
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import ujson
+
+from twisted_relay.simulated.base import (
+    Rejection,
+    _blocks,
+    _invalid,
+    _is_declaration,
+    _is_reference,
+    _messages,
+    conversation_key,
+    declaration_ids,
+    seeded_rng,
+)
+from twisted_relay.simulated.stream import LINE_ENDINGS, encode_events, message_events, plan_chunks
 
 __all__ = [
     "ID_STYLES",
@@ -59,9 +71,6 @@ ID_STYLES = ("toolu", "kimi")
 #: How the model emits tool_use ids: ``never`` left out; ``empty``: ``""``;
 #: ``absent``: no ``id`` field; ``some``: one call in two of each, in turn.
 LEFT_OUT_IDS = ("never", "empty", "absent", "some")
-
-#: Line endings an SSE stream may use.
-LINE_ENDINGS = ("\n", "\r\n", "\r")
 
 #: The models listed by ``GET /v1/models``, newest first as Anthropic lists them.
 MODELS = (
@@ -117,26 +126,6 @@ _WORDS = ("Zürich", "東京", "naïve café", "São Paulo", "Kraków", "report.
 _SEARCHES = ("météo à Genève", "tool use ids", "Twisted SSE", "東京 天気")
 
 
-class Rejection(Exception):
-    """
-    A request the simulated upstream refuses, as an Anthropic error.
-
-    :ivar status: the HTTP status.
-    :ivar error_type: the Anthropic ``error.type``.
-    :ivar message: the ``error.message``, in Anthropic's wording where known.
-    """
-
-    def __init__(self, status: int, error_type: str, message: str):
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
-
-
-def _invalid(message: str) -> Rejection:
-    return Rejection(400, "invalid_request_error", message)
-
-
 @dataclass(frozen=True)
 class ModelOptions:
     """
@@ -178,66 +167,6 @@ class ModelOptions:
 
 # -- walking a conversation ---------------------------------------------------
 
-
-def _messages(body: Any) -> list:
-    messages = body.get("messages") if isinstance(body, dict) else None
-    return messages if isinstance(messages, list) else []
-
-
-def _blocks(message: Any) -> list[dict]:
-    content = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(content, list):
-        return []
-    return [block for block in content if isinstance(block, dict)]
-
-
-def _is_declaration(block: dict) -> bool:
-    kind = block.get("type")
-    return isinstance(kind, str) and (kind == "tool_use" or kind.endswith("_tool_use"))
-
-
-def _is_reference(block: dict) -> bool:
-    return not _is_declaration(block) and "tool_use_id" in block
-
-
-def declaration_ids(messages: Sequence[Any], kind: str | None = None) -> list[str]:
-    """
-    The ids of the declarations in ``messages``, in walk order.
-
-    :param kind: only declarations of this block type (all when ``None``).
-    """
-    return [
-        block.get("id")
-        for message in messages
-        for block in _blocks(message)
-        if _is_declaration(block) and (kind is None or block.get("type") == kind)
-    ]
-
-
-def _canonical(value: Any) -> bytes:
-    # ASCII escapes: a lone surrogate (valid JSON) has no UTF-8 form.
-    return ujson.dumps(value, sort_keys=True, ensure_ascii=True).encode("ascii")
-
-
-def conversation_key(session_id: str | None, body: Any) -> str:
-    """
-    The key a stateful backend files a conversation under.
-
-    :param session_id: the ``x-claude-code-session-id`` header, if sent.
-    :param body: the parsed request; without a session id its first message
-        is hashed.
-    """
-    if session_id:
-        return "session:" + session_id
-    messages = _messages(body)
-    first = messages[0] if messages else None
-    return "first:" + hashlib.sha256(_canonical(first)).hexdigest()
-
-
-def seeded_rng(*parts: Any) -> random.Random:
-    """A random generator that is a function of ``parts`` (JSON values) alone."""
-    digest = hashlib.sha256(_canonical(list(parts))).digest()
-    return random.Random(int.from_bytes(digest[:16], "big"))
 
 
 def request_rng(seed: int, body: Any) -> random.Random:
@@ -361,12 +290,13 @@ def _thinking_on(body: Any) -> bool:
     return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
 
 
-def check_thinking(body: dict, secret: str) -> None:
+def check_thinking(body: dict, secret: str, manual_only: bool = False) -> None:
     """
     Reject what Anthropic rejects about thinking: a thinking block whose
     signature this upstream did not make (any ``redacted_thinking`` block:
     this model never redacts), and, with thinking on, a tool loop whose final
-    assistant message does not start with a thinking block.
+    assistant message does not start with a thinking block (today's API:
+    ``manual_only``, with manual ``enabled`` thinking only).
 
     :raises Rejection: for the first fault.
     """
@@ -381,7 +311,8 @@ def check_thinking(body: dict, secret: str) -> None:
                     raise _invalid(f"messages.{n}.content.{m}: Invalid `signature` in `thinking` block")
             elif kind == "redacted_thinking":
                 raise _invalid(f"messages.{n}.content.{m}: Invalid `data` in `redacted_thinking` block")
-    if not _thinking_on(body):
+    thinking = body.get("thinking")
+    if not _thinking_on(body) or manual_only and not (isinstance(thinking, dict) and thinking["type"] == "enabled"):
         return
     last = next((n for n in range(len(messages) - 1, -1, -1) if messages[n].get("role") == "assistant"), None)
     if last is None or not any(
@@ -760,130 +691,3 @@ def compose_answer(body: Any, options: ModelOptions) -> dict:
         "stop_sequence": None,
         "usage": {"input_tokens": count_tokens(body), "output_tokens": _estimate_tokens(content)},
     }
-
-
-# -- the SSE stream -----------------------------------------------------------
-
-
-def _to_json(value: Any) -> str:
-    text = ujson.dumps(value, ensure_ascii=False, escape_forward_slashes=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        # A lone surrogate echoed from the request has no UTF-8 form.
-        text = ujson.dumps(value, ensure_ascii=True, escape_forward_slashes=False)
-    return text
-
-
-def _pieces(text: str, rng: random.Random, leading_empty: bool) -> list[str]:
-    """``text`` cut at 1 to 3 places (whole characters: deltas are JSON)."""
-    count = max(0, min(len(text) - 1, rng.randint(1, 3)))
-    cuts = sorted(rng.sample(range(1, len(text)), count))
-    bounds = [0, *cuts, len(text)]
-    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    return [""] + pieces if leading_empty else pieces
-
-
-def _block_events(index: int, block: dict, rng: random.Random) -> Iterator[tuple[str, dict]]:
-    kind = block["type"]
-    if kind == "text":
-        start: dict = {"type": "text", "text": ""}
-        deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"], rng, False)]
-    elif kind == "thinking":
-        start = {"type": "thinking", "thinking": "", "signature": ""}
-        deltas = [{"type": "thinking_delta", "thinking": piece} for piece in _pieces(block["thinking"], rng, False)]
-        deltas.append({"type": "signature_delta", "signature": block["signature"]})
-    elif _is_declaration(block):
-        start = {"type": kind, "name": block["name"], "input": {}}
-        if "id" in block:
-            start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}
-        deltas = [
-            {"type": "input_json_delta", "partial_json": piece}
-            for piece in _pieces(_to_json(block["input"]), rng, rng.random() < 0.5)
-        ]
-    else:
-        # Server-tool results arrive whole in content_block_start.
-        start, deltas = block, []
-    yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": start}
-    if index == 0:
-        yield "ping", {"type": "ping"}
-    for delta in deltas:
-        yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
-    yield "content_block_stop", {"type": "content_block_stop", "index": index}
-
-
-def message_events(message: dict, rng: random.Random) -> list[tuple[str, dict]]:
-    """
-    The Anthropic SSE events that stream ``message``, in order: message_start,
-    per block start/deltas/stop (a ping after the first start), message_delta,
-    message_stop.  Text and tool input are cut into several deltas.
-    """
-    started = dict(message, content=[], stop_reason=None, stop_sequence=None)
-    started["usage"] = dict(message["usage"], output_tokens=1)
-    events: list[tuple[str, dict]] = [("message_start", {"type": "message_start", "message": started})]
-    for index, block in enumerate(message["content"]):
-        events.extend(_block_events(index, block, rng))
-    events.append(
-        (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                "usage": {"output_tokens": message["usage"]["output_tokens"]},
-            },
-        )
-    )
-    events.append(("message_stop", {"type": "message_stop"}))
-    return events
-
-
-def encode_events(events: Sequence[tuple[str, dict]], line_ending: str = "\n") -> tuple[bytes, list[int]]:
-    """
-    Serialise SSE events.
-
-    :return: the bytes, and the offset where each event starts.
-    """
-    if line_ending not in LINE_ENDINGS:
-        raise ValueError("line_ending must be one of \\n, \\r\\n, \\r")
-    chunks, starts, offset = [], [], 0
-    for name, data in events:
-        encoded = f"event: {name}{line_ending}data: {_to_json(data)}{line_ending}{line_ending}".encode("utf-8")
-        starts.append(offset)
-        chunks.append(encoded)
-        offset += len(encoded)
-    return b"".join(chunks), starts
-
-
-def plan_chunks(
-    data: bytes, event_starts: Sequence[int], rng: random.Random | None
-) -> list[tuple[int, bytes]]:
-    """
-    Cut an encoded stream into the pieces to write.
-
-    Without ``rng``, one piece per event.  With it, cuts fall at odd places:
-    inside each event, across some event boundaries (a piece may end one
-    event and begin the next), inside a multi-byte UTF-8 character when
-    there is one, and between the two bytes of a ``\\r\\n`` when there is one.
-
-    :return: ``(event index, bytes)`` pairs, the index being the last event
-        the piece touches, so a paced writer can send it once that event is
-        due.
-    """
-    bounds = list(event_starts[1:])
-    if rng is not None:
-        cuts = set(bound for bound in bounds if rng.random() < 0.5)
-        ends = [*event_starts[1:], len(data)]
-        for start, end in zip(event_starts, ends):
-            if end - start > 1:
-                cuts.update(rng.sample(range(start + 1, end), min(end - start - 1, rng.randint(1, 2))))
-        inside_character = [i for i, byte in enumerate(data) if byte & 0xC0 == 0x80]
-        if inside_character:
-            cuts.add(rng.choice(inside_character))
-        inside_crlf = [i + 1 for i in range(len(data) - 1) if data[i : i + 2] == b"\r\n"]
-        if inside_crlf:
-            cuts.add(rng.choice(inside_crlf))
-        bounds = sorted(cuts)
-    edges = [0, *bounds, len(data)]
-    return [
-        (bisect_right(event_starts, end - 1) - 1, data[start:end]) for start, end in zip(edges, edges[1:])
-    ]

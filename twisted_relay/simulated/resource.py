@@ -10,6 +10,7 @@ has (the stateful ledger, the last requests received); its
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import re
 import secrets
@@ -51,6 +52,8 @@ from twisted_relay.simulated.model import (
     plan_chunks,
     seeded_rng,
 )
+from twisted_relay.simulated.thinking import DEFAULT_SECRET
+from twisted_relay.simulated.today import APIS, TodayRules, family_of, rare_answer
 
 __all__ = ["MAX_BODY", "ReceivedRequest", "SimulatedUpstream", "get_model", "list_models"]
 
@@ -116,7 +119,25 @@ class SimulatedUpstream:
     :param thinking_secret: sign thinking blocks with it (the answer to a
         request with thinking on starts with one) and refuse, in every mode,
         thinking it did not sign and a tool loop whose final assistant
-        message does not start with thinking, as Anthropic does.
+        message does not start with thinking, as Anthropic does.  Today's
+        models sign with it too (with a fixed default when it is ``None``).
+    :param api: ``"2026-12"`` (today's API: model families, bound thinking,
+        both API versions, a fresh ``msg_`` id and today's usage fields; see
+        :mod:`twisted_relay.simulated.today`) or ``"2025"`` (the year-old
+        behaviour, whole).
+    :param accounts: API key to account name, for account-bound thinking
+        (two keys of one account read each other's thinking); a key not
+        listed is an account of its own.
+    :param binding_default: ``"error"`` (an account created since
+        2026-08-31: a changed prefix is a 400 unless the request asks to drop
+        the block) or ``"allow"`` (an older account).
+    :param stream_errors: the share of streamed answers (seeded by their
+        content) cut after their first block by an ``error`` event
+        (``overloaded_error``); 0 never, 1 always.
+    :param refusals: the share of today's models' answers (seeded by the
+        request) that are a ``refusal`` with ``stop_details``; 0 never.
+    :param compactions: likewise, answers that are a ``compaction`` block
+        (``stop_reason`` ``compaction``).
 
     :ivar requests: the last requests received, oldest first, as
         :class:`ReceivedRequest`.
@@ -142,7 +163,18 @@ class SimulatedUpstream:
         id_pattern: str | None = None,
         left_out_ids: str = "never",
         thinking_secret: str | None = None,
+        api: str = "2026-12",
+        accounts: dict[str, str] | None = None,
+        binding_default: str = "error",
+        stream_errors: float = 0.0,
+        refusals: float = 0.0,
+        compactions: float = 0.0,
     ):
+        if api not in APIS:
+            raise ValueError(f"api must be one of {', '.join(APIS)}")
+        for name, share in (("stream_errors", stream_errors), ("refusals", refusals), ("compactions", compactions)):
+            if not 0.0 <= share <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
         if event_delay < 0:
@@ -171,6 +203,16 @@ class SimulatedUpstream:
         self._require_key = require_key
         self._ledger = ConversationLedger()
         self.threads = SimulatedThreads(threads, lambda: self.reactor)
+        self.api = api
+        self.stream_errors = stream_errors
+        self.rare = (("refusal", refusals), ("compaction", compactions))
+        self.today: TodayRules | None = None
+        if api == "2026-12":
+            self.today = TodayRules(
+                thinking_secret or DEFAULT_SECRET, thinking_secret, accounts, binding_default
+            )
+        # Today's models think by today's rules, not by the year-old option.
+        self._today_options = dataclasses.replace(self.options, thinking_secret=None)
 
     def resource(self) -> IResource:
         """The root resource: ``/v1/messages``, ``/v1/messages/count_tokens``,
@@ -218,8 +260,8 @@ class SimulatedUpstream:
             check_shape(body, for_count=for_count)
             if self.id_pattern is not None:
                 check_id_pattern(body["messages"], self.id_pattern)
-            if self.options.thinking_secret is not None and not for_count:
-                check_thinking(body, self.options.thinking_secret)
+            if self.options.thinking_secret is not None and not for_count and not self._is_today(body):
+                check_thinking(body, self.options.thinking_secret, manual_only=self.api == "2026-12")
         if self.mode == "lenient":
             return None
         check_shape(body, for_count=for_count)
@@ -229,6 +271,27 @@ class SimulatedUpstream:
         key = conversation_key(headers.get("x-claude-code-session-id"), body)
         self._ledger.check(key, body["messages"])
         return key
+
+    def _is_today(self, body: Any) -> bool:
+        """The request is for a model of today's API, and this upstream speaks it."""
+        return self.today is not None and isinstance(body, dict) and family_of(body.get("model")) is not None
+
+    def _prepare(self, body: Any, headers: dict[str, str], for_count: bool) -> Any:
+        """Today's checks (``None`` under the year-old API)."""
+        if self.today is None or not isinstance(body, dict):
+            return None
+        if self._is_today(body):
+            check_shape(body, for_count=for_count)
+        return self.today.prepare(body, headers)
+
+    def _maybe_rare(self, message: dict, body: dict) -> dict:
+        """A refusal or a compaction instead, when the seeded draw says so."""
+        draw = seeded_rng(self.options.seed, "rare", body.get("messages")).random()
+        for kind, share in self.rare:
+            if draw < share:
+                return rare_answer(message, kind, body)
+            draw -= share
+        return message
 
     def answer(self, body: Any, headers: dict[str, str]) -> dict:
         """
@@ -254,11 +317,18 @@ class SimulatedUpstream:
         body, turn = self.threads.open(body)
         try:
             key = self._check(body, headers, for_count=False)
+            prepared = self._prepare(body, headers, for_count=False)
         except BaseException:
             if turn is not None:
                 turn.failed()
             raise
-        message = compose_answer(body, self.options)
+        if prepared is None:
+            message = compose_answer(body, self.options)
+        else:
+            options = self.options if prepared.family is None else self._today_options
+            message = self.today.finish(compose_answer(prepared.body, options), prepared, body)
+            if prepared.family is not None:
+                message = self._maybe_rare(message, prepared.body)
         if key is not None:
             self._ledger.record(key, declaration_ids(body["messages"]) + declaration_ids([message]))
         return message, turn
@@ -269,18 +339,37 @@ class SimulatedUpstream:
         :raises Rejection: when the mode rejects the request.
         """
         self._check(body, headers, for_count=True)
-        return {"input_tokens": count_tokens(body)}
+        prepared = self._prepare(body, headers, for_count=True)
+        return {"input_tokens": count_tokens(body if prepared is None else prepared.body)}
 
-    def stream_pieces(self, message: dict) -> list[tuple[float, bytes]]:
+    def cuts_stream(self, message: dict) -> bool:
+        """Whether the stream of ``message`` ends in an ``error`` event
+        (``stream_errors``, seeded by the answer's content)."""
+        if not self.stream_errors:
+            return False
+        return seeded_rng(self.options.seed, "stream error", message["content"]).random() < self.stream_errors
+
+    def stream_pieces(
+        self, message: dict, *, cut: bool = False, request_id: str | None = None
+    ) -> list[tuple[float, bytes]]:
         """
         The bytes that stream ``message``, as ``(seconds after the start,
-        bytes)`` pieces.  The message id (itself drawn from the answer's
-        seeded generator) seeds where deltas and pieces are cut.
+        bytes)`` pieces.  The message id (year-old API: drawn from the
+        answer's seeded generator) or its content (today's API: the id is
+        fresh) seeds where deltas and pieces are cut.
+
+        :param cut: end the stream after its first block with an ``error``
+            event (``overloaded_error``) carrying ``request_id``.
         """
         seed = self.options.seed
-        events = message_events(message, seeded_rng(seed, "deltas", message["id"]))
+        key = message["id"] if self.api == "2025" else message["content"]
+        events = message_events(message, seeded_rng(seed, "deltas", key))
+        if cut:
+            first_stop = next(i for i, (name, _) in enumerate(events) if name == "content_block_stop")
+            error = error_body("overloaded_error", "Overloaded", request_id or _request_id())
+            events = [*events[: first_stop + 1], ("error", ujson.loads(error))]
         data, starts = encode_events(events, self.line_ending)
-        rng = seeded_rng(seed, "chunks", message["id"]) if self.split else None
+        rng = seeded_rng(seed, "chunks", key) if self.split else None
         return [(index * self.event_delay, piece) for index, piece in plan_chunks(data, starts, rng)]
 
 
@@ -411,7 +500,10 @@ class _SimulatedResource(Resource):
         if path == "/v1/messages":
             message, turn = self._upstream.answer_turn(body, headers)
             if isinstance(body, dict) and body.get("stream") is True:
-                return self._stream(request, self._upstream.stream_pieces(message), message, turn)
+                cut = self._upstream.cuts_stream(message)
+                request_id = request.responseHeaders.getRawHeaders(b"request-id")[0].decode("ascii")
+                pieces = self._upstream.stream_pieces(message, cut=cut, request_id=request_id)
+                return self._stream(request, pieces, message, None if turn is None else turn, cut)
             if turn is not None:
                 turn.answered(message)
             return self._ok(request, message)
@@ -433,13 +525,18 @@ class _SimulatedResource(Resource):
         return _body_for(request, error_body(rejection.error_type, rejection.message, request_id))
 
     def _stream(
-        self, request: IRequest, pieces: list[tuple[float, bytes]], message: dict, turn: ThreadTurn | None
+        self,
+        request: IRequest,
+        pieces: list[tuple[float, bytes]],
+        message: dict,
+        turn: ThreadTurn | None,
+        cut: bool = False,
     ) -> int:
         request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
         request.setHeader(b"cache-control", b"no-cache")
         writer = _PacedWriter(request, pieces, self._upstream.reactor)
         if turn is not None:
-            writer.on_end = lambda whole: turn.answered(message) if whole else turn.failed()
+            writer.on_end = lambda whole: turn.answered(message) if whole and not cut else turn.failed()
         writer.start()
         return NOT_DONE_YET
 

@@ -1,0 +1,109 @@
+# -*- test-case-name: tests.test_simulated -*-
+"""
+What every part of the simulated upstream shares: its error, the walk over a
+request's messages and blocks, the canonical JSON form of a value and the
+seeded random generators.  Pure: no Twisted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any, Sequence
+
+import ujson
+
+__all__ = [
+    "Rejection",
+    "canonical",
+    "conversation_key",
+    "declaration_ids",
+    "invalid",
+    "seeded_rng",
+]
+
+class Rejection(Exception):
+    """
+    A request the simulated upstream refuses, as an Anthropic error.
+
+    :ivar status: the HTTP status.
+    :ivar error_type: the Anthropic ``error.type``.
+    :ivar message: the ``error.message``, in Anthropic's wording where known.
+    """
+
+    def __init__(self, status: int, error_type: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+def _invalid(message: str) -> Rejection:
+    return Rejection(400, "invalid_request_error", message)
+
+
+
+def _messages(body: Any) -> list:
+    messages = body.get("messages") if isinstance(body, dict) else None
+    return messages if isinstance(messages, list) else []
+
+
+def _blocks(message: Any) -> list[dict]:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return []
+    return [block for block in content if isinstance(block, dict)]
+
+
+def _is_declaration(block: dict) -> bool:
+    kind = block.get("type")
+    return isinstance(kind, str) and (kind == "tool_use" or kind.endswith("_tool_use"))
+
+
+def _is_reference(block: dict) -> bool:
+    return not _is_declaration(block) and "tool_use_id" in block
+
+
+def declaration_ids(messages: Sequence[Any], kind: str | None = None) -> list[str]:
+    """
+    The ids of the declarations in ``messages``, in walk order.
+
+    :param kind: only declarations of this block type (all when ``None``).
+    """
+    return [
+        block.get("id")
+        for message in messages
+        for block in _blocks(message)
+        if _is_declaration(block) and (kind is None or block.get("type") == kind)
+    ]
+
+
+def _canonical(value: Any) -> bytes:
+    # ASCII escapes: a lone surrogate (valid JSON) has no UTF-8 form.
+    return ujson.dumps(value, sort_keys=True, ensure_ascii=True).encode("ascii")
+
+
+def conversation_key(session_id: str | None, body: Any) -> str:
+    """
+    The key a stateful backend files a conversation under.
+
+    :param session_id: the ``x-claude-code-session-id`` header, if sent.
+    :param body: the parsed request; without a session id its first message
+        is hashed.
+    """
+    if session_id:
+        return "session:" + session_id
+    messages = _messages(body)
+    first = messages[0] if messages else None
+    return "first:" + hashlib.sha256(_canonical(first)).hexdigest()
+
+
+def seeded_rng(*parts: Any) -> random.Random:
+    """A random generator that is a function of ``parts`` (JSON values) alone."""
+    digest = hashlib.sha256(_canonical(list(parts))).digest()
+    return random.Random(int.from_bytes(digest[:16], "big"))
+
+
+
+canonical = _canonical
+invalid = _invalid
