@@ -255,5 +255,14 @@ class SettingsModesTests(SynchronousTestCase):
         """``--simulate-threads`` takes the modes the simulated upstream knows (``--threads`` reads the model's)."""
         from twisted_relay import settings
         from twisted_relay.simulated.message_threads import THREAD_MODES as SIMULATED_THREAD_MODES
+        from twisted_relay.simulated.today import APIS
 
         self.assertEqual(settings._SIMULATED_THREAD_MODES, SIMULATED_THREAD_MODES)
+        self.assertEqual(settings._SIMULATED_APIS, APIS)
+
+    def test_simulate_api(self):
+        """``--simulate-api`` reaches the simulated upstream; today's API is the default."""
+        self.assertEqual(parse("--simulate", "strict").config.simulate_options["api"], "2026-12")
+        self.assertEqual(parse("--simulate", "strict", "--simulate-api", "2025").config.simulate_options["api"], "2025")
+        with self.assertRaises(UsageError):
+            parse("--simulate", "strict", "--simulate-api", "2024")

@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
-DEFAULT_MODEL = "claude-sonnet-4-5-20250929"
+DEFAULT_MODEL = "claude-sonnet-5-5"
 _DUMMY_KEY = "sk-ant-demo-not-a-real-key"
 _BODY_SHOWN = 2000
 

@@ -144,6 +144,10 @@ PARAMETERS = [
     ["simulate-reuse-every", None, "3", "The simulated model reuses an id every N tool calls (0: never)."],
     ["simulate-event-delay", None, "0", "Seconds between the simulated upstream's stream events."],
     [
+        "simulate-api", None, "2026-12",
+        "The API the simulated upstream speaks: 2026-12 (today's, see docs/simulated.md) or 2025 (the year-old one).",
+    ],
+    [
         "threads",
         None,
         "relay",
@@ -193,10 +197,10 @@ FLAGS = [
 RELOADED_SETTINGS = ("upstreams", "routes", "breaker_failures", "breaker_cooldown", "key_rest")
 
 _SIMULATED_MODES = ("strict", "stateful", "lenient")
-# The values of --threads and --simulate-threads, as
-# twisted_relay.message_threads.turns and twisted_relay.simulated.message_threads
-# name them (both use Twisted; a test keeps these the same).
+# The values of --simulate-threads and --simulate-api, as the simulated upstream
+# names them (twisted_relay.simulated, which uses Twisted; a test keeps them the same).
 _SIMULATED_THREAD_MODES = ("ignore", "rejects", "knows")
+_SIMULATED_APIS = ("2026-12", "2025")
 _ONE_UPSTREAM_OPTIONS = ("upstream-key", "upstream-ids", "upstream-id-pattern", "upstream-own-ids")
 
 #: Checks one ``--listen`` endpoint: ``shared`` when worker processes will
@@ -349,6 +353,8 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
         raise SettingsError("--simulate-reuse-every must be zero or more.")
     if values["simulate-threads"] not in _SIMULATED_THREAD_MODES:
         raise SettingsError(f"--simulate-threads must be one of {', '.join(_SIMULATED_THREAD_MODES)}.")
+    if values["simulate-api"] not in _SIMULATED_APIS:
+        raise SettingsError(f"--simulate-api must be one of {', '.join(_SIMULATED_APIS)}.")
     if values["threads"] not in THREAD_MODES:
         raise SettingsError(f"--threads must be one of {', '.join(THREAD_MODES)}, not {values['threads']!r}.")
     thread_store = values["thread-store"]
@@ -433,6 +439,7 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
             "reuse_every": reuse_every,
             "event_delay": _positive("simulate-event-delay", values["simulate-event-delay"], allow_zero=True),
             "threads": values["simulate-threads"],
+            "api": values["simulate-api"],
         },
     )
 
