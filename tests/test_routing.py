@@ -484,10 +484,10 @@ class KeyPoolTests(SynchronousTestCase):
         return self.router.plan(body("claude-sonnet-4-5"), 10)
 
     def test_rotation(self):
-        """Successive requests start at successive keys of the pool."""
+        """Successive requests of no conversation (no user message) start at successive keys of the pool."""
         starts = []
         for _ in range(4):
-            plan = self.plan()
+            plan = self.router.plan({"model": "claude-sonnet-4-5", "messages": []}, 10)
             attempt = plan.first()
             starts.append(attempt.key_index)
             self.assertEqual(attempt.key, KEYS[attempt.key_index])

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
+from weakref import WeakKeyDictionary
+
 import ujson
+from prometheus_client import Counter
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import deferLater
 from twisted.web.http_headers import Headers
@@ -30,7 +33,7 @@ from twisted_relay.routing import CLIENT_GONE, Verdict, judge
 from twisted_relay.translation import translate_request
 from twisted_relay.upstream import read_body, upstream_request_headers
 
-__all__ = ["Attempts", "Sent", "retry_after"]
+__all__ = ["Attempts", "Sent", "extra_counters", "retry_after"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,8 @@ class Attempts:
         """
         context, plan = self._context, self.plan
         metrics = context.metrics
+        if self._relayed.turn is not None and context.threads.upstream_knows:
+            plan.pin()  # the upstream's thread lives in the account of the key that made it
         attempt = plan.first()
         while True:
             self.attempt = attempt
@@ -105,10 +110,12 @@ class Attempts:
                 continue
             if response.code < 300:
                 self._unsettled = True
+                self._moved(attempt)
                 return response, sent
             following = plan.report(attempt, response.code, retry_after=asked_wait)
             self._note(attempt, following)
             if following is None:
+                self._moved(attempt)
                 return response, sent
             # Read the refused answer, so its connection goes back to the pool.
             await self._discard(response, attempt)
@@ -131,6 +138,10 @@ class Attempts:
         labels = ["%s (%s)" % (t.attempt.label, t.outcome) for t in self.plan.tried]
         if self._unsettled:
             labels.append("%s (answered)" % (self.attempt.label,))
+        moved = self.plan.moved(self.attempt) if self.attempt is not None else None
+        if moved is not None:
+            labels.append("conversation moved from %s to %s (%s)" % (
+                moved[0], self.attempt.label, "another account" if moved[1] else "same account"))
         return labels
 
     def _prepare(self, attempt) -> Sent:
@@ -218,6 +229,26 @@ class Attempts:
             if e.kind == "total_timeout":
                 raise
 
+    def _moved(self, attempt) -> None:
+        """Log and count an answer from another key or upstream than the conversation's own."""
+        moved = self.plan.moved(attempt)
+        if moved is None:
+            return
+        home, across = moved
+        counter = extra_counters(self._context.metrics)["moves"]
+        counter.labels(attempt.upstream.name, "account" if across else "key").inc()
+        self._context.log.warn(
+            "Conversation of {relay_request_id} moved from {home} to {attempt} ({across}): "
+            "{cost}",
+            relay_request_id=self._relayed.id,
+            home=home,
+            attempt=attempt.label,
+            across="another account" if across else "same account",
+            cost="its account-bound thinking is dropped and its prompt cache starts again"
+            if across else "its prompt cache may start again",
+            upstream=attempt.upstream.name,
+        )
+
     def _note(self, attempt, following) -> None:
         """Log and count an attempt whose outcome did not end the request well, or moved it on."""
         tried = self.plan.tried[-1]
@@ -238,6 +269,36 @@ class Attempts:
             upstream=name,
             upstream_model=attempt.model,
         )
+
+
+def extra_counters(metrics) -> dict:
+    """
+    The counters of conversation moves and thinking-binding recoveries,
+    made on ``metrics``' registry the first time they are asked for
+    (``relay_conversation_moves_total``, ``relay_binding_recoveries_total``).
+    """
+    counters = _EXTRA_COUNTERS.get(metrics)
+    if counters is None:
+        counters = _EXTRA_COUNTERS[metrics] = {
+            "moves": Counter(
+                "relay_conversation_moves",
+                "Answers from another key or upstream than their conversation's own, by upstream and "
+                "across (key: a key of the same account; account: another account or upstream).",
+                ["upstream", "across"],
+                registry=metrics.registry,
+            ),
+            "recoveries": Counter(
+                "relay_binding_recoveries",
+                'Requests sent again with prefix_mismatch_behavior "drop_block" after the upstream\'s '
+                '"bound to a different conversation" 400, by upstream and outcome status.',
+                ["upstream", "status"],
+                registry=metrics.registry,
+            ),
+        }
+    return counters
+
+
+_EXTRA_COUNTERS: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def retry_after(headers: Headers) -> float | None:

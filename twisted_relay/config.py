@@ -70,6 +70,11 @@ class Upstream:
         ``original``; ``None``: none (see ``docs/id-translation.md``).
     :ivar own_ids: ``original`` only: the regular expression of the ids it
         makes (only those go back as it emitted them); ``None``: every id.
+    :ivar accounts: the account (or workspace) each key of :attr:`keys`
+        belongs to, in the same order (``None``: not named, an account of
+        its own); empty when no key names one. A conversation that must
+        leave its key goes to a key of the same account first
+        (:mod:`twisted_relay.affinity`).
     """
 
     name: str
@@ -83,6 +88,11 @@ class Upstream:
     threads: str | None = None
     id_pattern: str | None = DEFAULT_ID_PATTERN
     own_ids: str | None = None
+    accounts: tuple[str | None, ...] = ()
+
+    def account_of(self, index: int) -> str | None:
+        """The account key ``index`` (0-based) names, if it names one."""
+        return self.accounts[index] if index < len(self.accounts) else None
 
     def __repr__(self) -> str:
         shown = ", ".join(

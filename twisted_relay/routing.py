@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from twisted_relay.affinity import conversation_of, key_digest, key_order, same_account
 from twisted_relay.config import RelayConfig, Route, Upstream, rules_for
 from twisted_relay.errors import RelayError
 
@@ -262,6 +263,7 @@ class _UpstreamHealth:
         self.breaker = Breaker()
         self.keys = [Breaker() for _ in upstream.keys]
         self.rotation = 0
+        self.key_digests = [key_digest(key) for key in upstream.keys]
 
     def available(self, now: float) -> bool:
         """Neither the upstream nor every key of its pool is resting."""
@@ -293,6 +295,14 @@ class RequestFacts:
         thinking = self._body.get("thinking")
         self.thinking = isinstance(thinking, dict) and thinking.get("type", "enabled") != "disabled"
         self._images: bool | None = None
+        self._conversation: str | None = None
+
+    @property
+    def conversation(self) -> str | None:
+        """The conversation the request belongs to (:func:`~twisted_relay.affinity.conversation_of`)."""
+        if self._conversation is None:
+            self._conversation = conversation_of(self._body) or ""
+        return self._conversation or None
 
     @classmethod
     def for_model(cls, model: str) -> "RequestFacts":
@@ -405,8 +415,12 @@ class Plan:
     The attempts for one request, chosen one at a time from what the last
     one's outcome calls for (see :func:`judge`): the route's targets in
     order, healthy ones first, then resting ones (a request is never failed
-    without trying); within an upstream with a key pool, its keys from the
-    next in rotation, healthy ones first.
+    without trying); within an upstream with a key pool, a conversation's
+    keys in its order (:func:`~twisted_relay.affinity.key_order`: its home
+    key, then its account's), or for a request of no conversation from the
+    next in rotation; healthy ones first.
+
+    :ivar conversation: the request's conversation, or ``None``.
     """
 
     def __init__(self, router: "Router", route: Route, facts: RequestFacts):
@@ -416,6 +430,10 @@ class Plan:
         # The model only: the facts hold the parsed body, which a request
         # waiting on the upstream must not keep.
         self._model = facts.model
+        self.conversation = facts.conversation
+        # The conversation's home, once known: its first upstream and key there.
+        self._home: tuple[Upstream, int | None] | None = None
+        self._pinned = False
         self._targets = list(route.targets)
         self._keys: list[int] = []
         self._target = None
@@ -429,6 +447,31 @@ class Plan:
         attempt = self._next_target()
         assert attempt is not None  # a route has at least one target
         return attempt
+
+    def pin(self) -> None:
+        """
+        Keep the conversation on its home key: no other key of the pool is
+        tried (an upstream's thread lives in the account of the key that
+        made it). Asked before :meth:`first`.
+        """
+        self._pinned = True
+
+    def moved(self, attempt: Attempt) -> tuple[str, bool] | None:
+        """
+        Whether ``attempt`` (the answering one) took the conversation off
+        its home (the first target's upstream and the conversation's key
+        there): the home's label, and whether the account changed too
+        (another upstream, or a key not known to share the home's account).
+        ``None`` when it stayed, or the request has no conversation.
+        """
+        if self._home is None:
+            return None
+        upstream, key_index = self._home
+        here = attempt.upstream.name == upstream.name
+        if here and attempt.key_index == key_index:
+            return None
+        home = Attempt(upstream, None, key_index, None)
+        return home.label, not (here and same_account(upstream.accounts, key_index, attempt.key_index))
 
     def report(
         self,
@@ -523,7 +566,16 @@ class Plan:
         health = router.health_of(chosen.upstream)
         health.breaker.take(now, router.breaker_cooldown)
         count = len(health.keys)
-        if count:
+        if self.conversation is not None:
+            upstream = router.settings[chosen.upstream]
+            self._keys = key_order(self.conversation, health.key_digests, upstream.accounts)
+            if self._home is None:  # where the conversation goes while nothing fails
+                self._home = (upstream, self._keys[0] if count else None)
+            if self._pinned:
+                del self._keys[1:]
+            if count:
+                return self._next_key()
+        elif count:
             start = health.rotation % count
             health.rotation += 1
             self._keys = [(start + i) % count for i in range(count)]
