@@ -9,7 +9,6 @@ to the other key of its account, and the move is logged and counted.
 from __future__ import annotations
 
 import treq
-from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
 from twisted_relay.affinity import conversation_of, key_digest, key_order
