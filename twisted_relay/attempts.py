@@ -14,7 +14,7 @@ or none. What to do with every outcome is decided by
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
@@ -24,10 +24,13 @@ import ujson
 from prometheus_client import Counter
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 
 from twisted_relay._json import to_json
-from twisted_relay.answer import note_repairs
+from twisted_relay.answer import Exchange, note_repairs
+from twisted_relay.bodies import BINDING_BETA, bound_elsewhere, droppable, dropping_blocks, with_beta
 from twisted_relay.errors import RelayError
 from twisted_relay.routing import CLIENT_GONE, Verdict, judge
 from twisted_relay.translation import translate_request
@@ -93,7 +96,7 @@ class Attempts:
             name = attempt.upstream.name
             metrics.labelled(metrics.upstream_requests, name).inc()
             try:
-                response, asked_wait = await self._send(context.clients[name], sent, attempt)
+                response, asked_wait, sent = await self._send(context.clients[name], sent, attempt)
             except CancelledError:
                 # The client went away (the deadline's cancel is a RelayError).
                 plan.report(attempt, error_kind=CLIENT_GONE)
@@ -182,13 +185,17 @@ class Attempts:
     async def _send(self, client, sent: Sent, attempt):
         """
         Send one attempt upstream, and again to the same target while the
-        rule says so (:attr:`~twisted_relay.routing.Verdict.RETRY`). Return
-        the response and the wait it asked for (``retry-after``), if any.
+        rule says so (:attr:`~twisted_relay.routing.Verdict.RETRY`), or once
+        with invalid thinking blocks dropped
+        (:attr:`~twisted_relay.routing.Verdict.RECOVER`). Return the
+        response, the wait it asked for (``retry-after``), if any, and what
+        was sent for it.
         """
         context, relayed = self._context, self._relayed
         clock, metrics, rule = context.reactor, context.metrics, context.retry
         pooled = attempt.key_index is not None
         retried = 0
+        recovered = False
         while True:
             started = clock.seconds()
             try:
@@ -203,15 +210,79 @@ class Attempts:
                 raise
             metrics.labelled(metrics.upstream_latency, relayed.route.name).observe(clock.seconds() - started)
             if response.code < 300:
-                return response, None
+                return response, None, sent
             asked_wait = retry_after(response.headers)
-            judgement = judge(response.code, pooled=pooled, retry_after=asked_wait, retried=retried, retry=rule)
+            answer, droppable = None, False
+            if response.code == 400 and not recovered and self._may_drop_blocks(sent):
+                # Read to be judged; whoever delivers it reads it again.
+                answer = await self._read(response, attempt)
+                response, droppable = _ReadAnswer(response, answer), True
+            judgement = judge(
+                response.code, pooled=pooled, retry_after=asked_wait, retried=retried, retry=rule,
+                bound_elsewhere=bound_elsewhere(answer), droppable=droppable,
+            )
+            if judgement.verdict is Verdict.RECOVER:
+                recovered = True
+                sent = self._recover(response, answer, sent, attempt)
+                continue
             if judgement.verdict is Verdict.RETRY:
                 retried += 1
                 await self._discard(response, attempt)
                 await self._pause(retried, judgement.wait, "status %d" % (response.code,))
                 continue
-            return response, asked_wait
+            return response, asked_wait, sent
+
+    def _may_drop_blocks(self, sent: Sent) -> bool:
+        """Recovery is on and the body sent may take ``drop_block`` (:func:`~twisted_relay.bodies.droppable`)."""
+        if self._context.config.thinking_binding_recovery != "drop_block" or sent.body is None:
+            return False
+        try:
+            return droppable(ujson.loads(sent.body))
+        except (ValueError, OverflowError):
+            return False
+
+    def _recover(self, response, answer: bytes, sent: Sent, attempt) -> Sent:
+        """
+        Dump, log and count the "bound to a different conversation" 400,
+        and give what is sent again: the body with its invalid thinking
+        blocks dropped, and the beta that setting needs.
+        """
+        context, relayed = self._context, self._relayed
+        name = attempt.upstream.name
+        extra_counters(context.metrics)["recoveries"].labels(name).inc()
+        note = (
+            'The upstream answered that a thinking block is bound to a different conversation; the relay '
+            'sent the request again to %s with thinking.block_binding.prefix_mismatch_behavior "drop_block" '
+            "and anthropic-beta %s (--thinking-binding-recovery)." % (attempt.label, BINDING_BETA)
+        )
+        context.log.warn(
+            "Upstream {attempt} answered 400 for {relay_request_id}: a thinking block is bound to a different "
+            "conversation; sending it again with the invalid blocks dropped",
+            attempt=attempt.label,
+            relay_request_id=relayed.id,
+            upstream=name,
+        )
+        if context.dumps is not None:
+            exchange = Exchange(
+                request_id=relayed.id,
+                received_at=time.time(),
+                url=context.clients[name].display_url + sent.path,
+                client_headers=relayed.request.requestHeaders,
+                client_body=self._raw,
+                upstream_headers=sent.headers,
+                upstream_body=sent.body,
+                translation=sent.translation,
+                attempt=attempt,
+                attempts=self.labels() + ["%s (400, bound to a different conversation)" % (attempt.label,)],
+            )
+            context.dumps.submit(replace(exchange.dump(response, answer), note=note))
+        headers = sent.headers.copy()
+        headers.setRawHeaders(b"anthropic-beta", [with_beta(headers.getRawHeaders(b"anthropic-beta"))])
+        return Sent(sent.path, headers, to_json(dropping_blocks(ujson.loads(sent.body))), sent.translation)
+
+    async def _read(self, response, attempt) -> bytes:
+        """Read a whole answer to judge it; only the deadline and the upstream's silence stop it."""
+        return await self._relayed.wait(read_body(response, self._context.reactor, attempt.upstream.idle_timeout or None))
 
     async def _pause(self, retried: int, delay: float, why: str) -> None:
         context = self._context
@@ -290,8 +361,8 @@ def extra_counters(metrics) -> dict:
             "recoveries": Counter(
                 "relay_binding_recoveries",
                 'Requests sent again with prefix_mismatch_behavior "drop_block" after the upstream\'s '
-                '"bound to a different conversation" 400, by upstream and outcome status.',
-                ["upstream", "status"],
+                '"bound to a different conversation" 400, by upstream.',
+                ["upstream"],
                 registry=metrics.registry,
             ),
         }
@@ -299,6 +370,46 @@ def extra_counters(metrics) -> dict:
 
 
 _EXTRA_COUNTERS: WeakKeyDictionary = WeakKeyDictionary()
+
+
+class _ReadAnswer:
+    """
+    An upstream's response whose body the relay already read (to judge
+    it): ``deliverBody`` gives that body again, at once. Everything else is
+    the response's own.
+    """
+
+    def __init__(self, response, body: bytes):
+        self._response = response
+        self._body = body
+        self.code = response.code
+        self.headers = response.headers
+        self.length = len(body)
+
+    def __getattr__(self, name):
+        return getattr(self._response, name)
+
+    def deliverBody(self, protocol) -> None:
+        protocol.makeConnection(_ReadTransport())
+        if self._body:
+            protocol.dataReceived(self._body)
+        protocol.connectionLost(Failure(ResponseDone()))
+
+
+class _ReadTransport:
+    """The transport of a body already read: nothing to pause, resume or stop."""
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+    def loseConnection(self) -> None:
+        pass
 
 
 def retry_after(headers: Headers) -> float | None:

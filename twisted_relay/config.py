@@ -136,6 +136,10 @@ class Route:
     body_over: int | None = None
 
 
+#: The values of ``thinking_binding_recovery``.
+BINDING_RECOVERIES = ("drop_block", "off")
+
+
 def one_upstream(
     url: str = DEFAULT_UPSTREAM,
     key: str | None = None,
@@ -275,6 +279,12 @@ class RelayConfig:
     :ivar thread_max_count: threads the memory store holds at most.
     :ivar thread_max_bytes: conversation bytes the memory store holds at
         most (least recently used threads go first).
+    :ivar thinking_binding_recovery: what the relay does when an upstream
+        answers 400 that a thinking block is bound to a different
+        conversation, before any byte reached the client: ``drop_block``
+        sends the request once more to the same key with
+        ``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``
+        (and its beta); ``off`` passes the 400 on.
     :ivar config_file: the ``--config`` file these settings came from, read
         again by :meth:`twisted_relay.service.Relay.reload`; ``None`` when
         there is none.
@@ -308,6 +318,7 @@ class RelayConfig:
     gc_tuning: bool = False
     upstreams: tuple[Upstream, ...] = one_upstream()
     routes: tuple[Route, ...] = ()
+    thinking_binding_recovery: str = "drop_block"
     breaker_failures: int = 3
     breaker_cooldown: float = 30.0
     key_rest: float = 600.0

@@ -35,6 +35,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from twisted_relay.affinity import conversation_of, key_digest, key_order, same_account
+from twisted_relay.bodies import holds_image
 from twisted_relay.config import RelayConfig, Route, Upstream, rules_for
 from twisted_relay.errors import RelayError
 
@@ -91,6 +92,11 @@ class Verdict(enum.Enum):
     #: Try the next target: no answer (connection failure, timeout before
     #: the headers), 5xx, 529, or 429 without a key pool.
     FAILOVER = "failover"
+    #: Send the request again to the same target with the same key, once,
+    #: with ``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``
+    #: (and its beta): the upstream's 400 said a thinking block is bound to a
+    #: different conversation, and the same body would fail the same way.
+    RECOVER = "recover"
     #: The client went away: nothing is sent again and no breaker hears of
     #: it (what the upstream would have done is unknown).
     ABANDON = "abandon"
@@ -149,6 +155,8 @@ def judge(
     retry_after: float | None = None,
     retried: int = 0,
     retry: RetryRule = NO_RETRIES,
+    bound_elsewhere: bool = False,
+    droppable: bool = False,
 ) -> Judgement:
     """
     Decide what one outcome calls for: the one rule of retries and failover.
@@ -165,6 +173,11 @@ def judge(
         (``retry-after-ms`` or ``retry-after``), if it did.
     :param retried: how many times this attempt was sent again already.
     :param retry: when the same target is sent the request again.
+    :param bound_elsewhere: a 400 says a thinking block is bound to a
+        different conversation (:func:`~twisted_relay.bodies.bound_elsewhere`).
+    :param droppable: the request may be sent again dropping such blocks:
+        recovery is on, and its body was not sent with ``block_binding``
+        (nor is ``between_tools``).
     """
     if error_kind == CLIENT_GONE:
         return Judgement(Verdict.ABANDON)
@@ -175,6 +188,8 @@ def judge(
     failed = status is None or error_kind is not None or status >= 500 or status in (401, 403, 429)
     if first_byte_sent:
         return Judgement(Verdict.DELIVER, upstream_failed=broken, attempt_failed=failed)
+    if status == 400 and bound_elsewhere and droppable:
+        return Judgement(Verdict.RECOVER)  # never a failover: another key sees the same prefix
     if retried < retry.retries and _retried_here(status, error_kind, retry_after, retry):
         wait = retry_after if retry_after is not None else min(_LONGEST_PAUSE, _FIRST_PAUSE * 2**retried)
         return Judgement(Verdict.RETRY, wait=wait)
@@ -312,31 +327,8 @@ class RequestFacts:
     @property
     def images(self) -> bool:
         if self._images is None:
-            self._images = _holds_image(self._body.get("messages"))
+            self._images = holds_image(self._body.get("messages"))
         return self._images
-
-
-def _holds_image(messages: Any) -> bool:
-    if not isinstance(messages, list):
-        return False
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and _blocks_hold_image(content):
-            return True
-    return False
-
-
-def _blocks_hold_image(blocks: list) -> bool:
-    for block in blocks:
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
-        if kind == "image":
-            return True
-        inner = block.get("content")
-        if kind == "tool_result" and isinstance(inner, list) and _blocks_hold_image(inner):
-            return True
-    return False
 
 
 def route_matches(route: Route, facts: RequestFacts) -> bool:
