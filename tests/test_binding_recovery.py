@@ -17,7 +17,6 @@ import os
 
 import treq
 import ujson
-from twisted.internet import reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from twisted_relay.bodies import BINDING_BETA, bound_elsewhere, droppable, dropping_blocks, with_beta
