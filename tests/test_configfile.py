@@ -240,6 +240,10 @@ class FileSettingsTests(FileTestCase):
         self.assertEqual(plain.accounts, ())
         self.assertEqual(config.from_dict(config.to_dict()).upstreams, config.upstreams)
 
+    def test_thinking_binding_recovery_in_relay_table(self):
+        config = self.parse("--config", self.write('[relay]\nthinking-binding-recovery = "off"\n'))
+        self.assertEqual(config.thinking_binding_recovery, "off")
+
     def test_key_account_refused(self):
         for item, said in (
             ('{ key = "k", team = "a" }', "takes key and account only"),
