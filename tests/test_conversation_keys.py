@@ -9,6 +9,7 @@ to the other key of its account, and the move is logged and counted.
 from __future__ import annotations
 
 import treq
+import ujson
 from twisted.trial.unittest import TestCase
 
 from twisted_relay.affinity import conversation_of, key_digest, key_order
@@ -80,3 +81,31 @@ class ConversationKeyTests(RelayOverUpstreams, TestCase):
         self.assertIn('relay_conversation_moves_total{across="key",upstream="pool"} 1.0', metrics)
         for key in KEYS:
             self.assertNotIn(key, metrics)
+
+
+class UpstreamThreadKeyTests(RelayOverUpstreams, TestCase):
+    """``--threads upstream``: a ``continue`` goes to the key that made the ``create``, and only to it."""
+
+    async def test_continue_on_the_create_key(self):
+        upstream, url = self.upstream()
+        self.start_relay([Upstream("pool", url, keys=KEYS, accounts=ACCOUNTS)], threads="upstream")
+        create = dict(turn("a threaded conversation", 0), thread={"type": "create"})
+        response, answer = await self.post(create)
+        self.assertEqual(response.code, 200, answer)
+        previous = ujson.loads(answer)["id"]
+        follow = {
+            "model": "claude-sonnet-4-5", "max_tokens": 256,
+            "thread": {"type": "continue", "previous_message_id": previous},
+            "messages": [{"role": "user", "content": "and then?"}],
+        }
+        # A 429 on the thread's key goes to the client: another key's account holds no such thread.
+        upstream.script(error_answer(429, "rate_limit_error", retry_after="20"))
+        response, _ = await self.post(follow)
+        self.assertEqual(response.code, 429)
+        # The key rests; the continue still goes to it.
+        response, answer = await self.post(follow)
+        self.assertEqual(response.code, 200, answer)
+        sent = [r.header(b"x-api-key")[0].decode() for r in upstream.received]
+        self.assertEqual(len(sent), 3)
+        self.assertEqual(set(sent), {KEYS[home_of("a threaded conversation")]})
+        self.assertEqual(ujson.loads(upstream.received[2].body)["thread"]["type"], "continue")
