@@ -168,3 +168,20 @@ class StickyKeyTests(SynchronousTestCase):
         plan = self.router.plan(body, 100)
         plan.pin()
         self.assertEqual(plan.first().key_index, home)
+
+
+class RecentConversationsTests(SynchronousTestCase):
+    def test_bounded_least_recently_used_first(self):
+        from twisted_relay.affinity import RecentConversations
+
+        recent = RecentConversations(size=2)
+        recent.add("a")
+        recent.add("b")
+        self.assertIn("a", recent)  # used: "b" is now the oldest
+        recent.add("c")
+        self.assertEqual((("a" in recent), ("b" in recent), ("c" in recent), len(recent)), (True, False, True, 2))
+
+    def test_kept_over_a_reload(self):
+        r = router(Clock())
+        r.dropping.add("x")
+        self.assertIn("x", r.reloaded(r.config).dropping)

@@ -173,3 +173,31 @@ class RecoveryTests(RelayOverUpstreams, TestCase):
         self.assertEqual(len(sent), 4)
         self.assertEqual(len({tuple(s[2]) for s in sent}), 1)
         self.assertIn("block_binding", sent[3][0]["thinking"])
+
+    async def test_later_turns_carry_it(self):
+        """
+        After a recovery, the conversation's later requests carry
+        ``drop_block`` from the start (the edit stays in its history): no
+        second 400, no second dump. Another conversation is sent as it came.
+        """
+        self.start()
+        self.upstream_.script(error_answer(400, "invalid_request_error", BOUND))
+        await self.post(edited())
+        later = edited()
+        later["messages"] += [
+            {"role": "assistant", "content": [{"type": "text", "text": "Sunny."}]},
+            {"role": "user", "content": "Thanks."},
+        ]
+        response, _ = await self.post(later)
+        self.assertEqual(response.code, 200)
+        other = messages_body([{"role": "user", "content": "Another conversation"}])
+        await self.post(other)
+        sent = self.sent()
+        self.assertEqual(len(sent), 4)
+        self.assertIn("block_binding", sent[2][0]["thinking"])
+        self.assertEqual(sent[2][1], [b"inline-tools-2026-09-15," + BINDING_BETA.encode()])
+        self.assertNotIn("thinking", sent[3][0])
+        self.assertEqual(sent[3][1], [b"inline-tools-2026-09-15"])
+        await self.dump_files(1)
+        await sleep(0.3)
+        self.assertEqual(len(glob.glob(os.path.join(self.dumps, "*", "*.json"))), 1)

@@ -37,7 +37,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["conversation_of", "key_digest", "key_order", "same_account"]
+__all__ = ["RecentConversations", "conversation_of", "key_digest", "key_order", "same_account"]
 
 
 def conversation_of(body: Any) -> str | None:
@@ -94,3 +94,32 @@ def same_account(accounts: Sequence[str | None], first: int, second: int) -> boo
     if not accounts:
         return False
     return accounts[first] is not None and accounts[first] == accounts[second]
+
+
+class RecentConversations:
+    """
+    A bounded memory of conversations (their digests), least recently used
+    forgotten first: those whose thinking blocks were found bound to a
+    different conversation, so that their later requests carry
+    ``drop_block`` from the start (the API does not keep the setting, and
+    the edit that caused it stays in the conversation's history).
+    """
+
+    def __init__(self, size: int = 10_000):
+        self._size = size
+        self._held: dict[str, None] = {}
+
+    def add(self, conversation: str) -> None:
+        self._held.pop(conversation, None)
+        self._held[conversation] = None
+        while len(self._held) > self._size:
+            del self._held[next(iter(self._held))]
+
+    def __contains__(self, conversation: object) -> bool:
+        if conversation not in self._held:
+            return False
+        self.add(conversation)  # recently used
+        return True
+
+    def __len__(self) -> int:
+        return len(self._held)

@@ -180,7 +180,13 @@ class Attempts:
         # needed once serialised: a request that waits on the upstream holds
         # its bytes only.
         translation.forget_body()
-        return Sent(path, headers, upstream_body, translation)
+        sent = Sent(path, headers, upstream_body, translation)
+        conversation = self.plan.conversation
+        if conversation is not None and conversation in context.router.dropping and self._may_drop_blocks(sent):
+            # Its history still holds what broke a block's prefix: the
+            # setting goes with every later request, as the API asks.
+            return _dropping_blocks(sent)
+        return sent
 
     async def _send(self, client, sent: Sent, attempt):
         """
@@ -276,9 +282,9 @@ class Attempts:
                 attempts=self.labels() + ["%s (400, bound to a different conversation)" % (attempt.label,)],
             )
             context.dumps.submit(replace(exchange.dump(response, answer), note=note))
-        headers = sent.headers.copy()
-        headers.setRawHeaders(b"anthropic-beta", [with_beta(headers.getRawHeaders(b"anthropic-beta"))])
-        return Sent(sent.path, headers, to_json(dropping_blocks(ujson.loads(sent.body))), sent.translation)
+        if self.plan.conversation is not None:
+            context.router.dropping.add(self.plan.conversation)
+        return _dropping_blocks(sent)
 
     async def _read(self, response, attempt) -> bytes:
         """Read a whole answer to judge it; only the deadline and the upstream's silence stop it."""
@@ -370,6 +376,13 @@ def extra_counters(metrics) -> dict:
 
 
 _EXTRA_COUNTERS: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _dropping_blocks(sent: Sent) -> Sent:
+    """``sent`` with ``prefix_mismatch_behavior: "drop_block"`` and the beta it needs."""
+    headers = sent.headers.copy()
+    headers.setRawHeaders(b"anthropic-beta", [with_beta(headers.getRawHeaders(b"anthropic-beta"))])
+    return Sent(sent.path, headers, to_json(dropping_blocks(ujson.loads(sent.body))), sent.translation)
 
 
 class _ReadAnswer:

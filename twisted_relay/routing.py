@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from twisted_relay.affinity import conversation_of, key_digest, key_order, same_account
+from twisted_relay.affinity import RecentConversations, conversation_of, key_digest, key_order, same_account
 from twisted_relay.bodies import holds_image
 from twisted_relay.config import RelayConfig, Route, Upstream, rules_for
 from twisted_relay.errors import RelayError
@@ -613,8 +613,10 @@ class Router:
     :param clock: anything with a ``seconds()`` method (the reactor).
     """
 
-    def __init__(self, config: RelayConfig, clock: Any, *, _health: dict | None = None):
+    def __init__(self, config: RelayConfig, clock: Any, *, _health: dict | None = None, _dropping=None):
         self.config = config
+        #: Conversations sent with ``drop_block`` since a "bound to a different conversation" 400.
+        self.dropping = _dropping if _dropping is not None else RecentConversations()
         self.breaker_failures = config.breaker_failures
         self.breaker_cooldown = config.breaker_cooldown
         self.key_rest = config.key_rest
@@ -648,7 +650,7 @@ class Router:
         A router for a new configuration that keeps the health of every
         upstream whose URL and keys did not change.
         """
-        return Router(config, self._clock, _health=self._health)
+        return Router(config, self._clock, _health=self._health, _dropping=self.dropping)
 
     def route_for(self, facts: RequestFacts) -> Route | None:
         """The first route that matches, or ``None``."""
