@@ -182,7 +182,9 @@ class Attempts:
         translation.forget_body()
         sent = Sent(path, headers, upstream_body, translation)
         conversation = self.plan.conversation
-        if conversation is not None and conversation in context.router.dropping and self._may_drop_blocks(sent):
+        # Remembered per upstream: another one may not know the setting.
+        remembered = conversation is not None and "%s %s" % (attempt.upstream.name, conversation) in context.router.dropping
+        if remembered and self._may_drop_blocks(sent):
             # Its history still holds what broke a block's prefix: the
             # setting goes with every later request, as the API asks.
             return _dropping_blocks(sent)
@@ -283,7 +285,7 @@ class Attempts:
             )
             context.dumps.submit(replace(exchange.dump(response, answer), note=note))
         if self.plan.conversation is not None:
-            context.router.dropping.add(self.plan.conversation)
+            context.router.dropping.add("%s %s" % (name, self.plan.conversation))
         return _dropping_blocks(sent)
 
     async def _read(self, response, attempt) -> bytes:
