@@ -201,3 +201,13 @@ class RecoveryTests(RelayOverUpstreams, TestCase):
         await self.dump_files(1)
         await sleep(0.3)
         self.assertEqual(len(glob.glob(os.path.join(self.dumps, "*", "*.json"))), 1)
+
+    async def test_streamed(self):
+        """A streaming request recovered: the client gets the stream of the second answer, whole."""
+        self.start()
+        self.upstream_.script(error_answer(400, "invalid_request_error", BOUND))
+        response, answer = await self.post(dict(edited(), stream=True))
+        self.assertEqual(response.code, 200, answer)
+        self.assertEqual(response.headers.getRawHeaders(b"content-type")[0].split(b";")[0], b"text/event-stream")
+        self.assertIn(b"event: message_stop", answer)
+        self.assertIn("block_binding", self.sent()[-1][0]["thinking"])

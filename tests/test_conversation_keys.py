@@ -8,6 +8,10 @@ to the other key of its account, and the move is logged and counted.
 
 from __future__ import annotations
 
+import glob
+import json
+import os
+
 import treq
 import ujson
 from twisted.trial.unittest import TestCase
@@ -17,7 +21,7 @@ from twisted_relay.config import Upstream
 
 from tests.faulty_upstream import error_answer
 from tests.helpers import messages_body
-from tests.test_failover import RelayOverUpstreams
+from tests.test_failover import RelayOverUpstreams, sleep
 
 KEYS = tuple("sk-ant-conversation-key-%d" % (i,) for i in range(4))
 ACCOUNTS = ("team-a", "team-b", "team-a", "team-b")
@@ -81,6 +85,31 @@ class ConversationKeyTests(RelayOverUpstreams, TestCase):
         self.assertIn('relay_conversation_moves_total{across="key",upstream="pool"} 1.0', metrics)
         for key in KEYS:
             self.assertNotIn(key, metrics)
+
+
+class MovedDumpTests(RelayOverUpstreams, TestCase):
+    async def test_dump_names_the_move(self):
+        """A moved conversation's refused answer is dumped with the move among its attempts."""
+        upstream, url = self.upstream()
+        dumps = self.mktemp()
+        self.start_relay([Upstream("pool", url, keys=KEYS, accounts=ACCOUNTS)], dump_dir=dumps)
+        upstream.script(
+            error_answer(429, "rate_limit_error", retry_after="20"),
+            error_answer(400, "invalid_request_error", "messages.0: something else"),
+        )
+        response, _ = await self.post(turn("a moved conversation", 1))
+        self.assertEqual(response.code, 400)
+        for _ in range(100):
+            found = glob.glob(os.path.join(dumps, "*", "*.json"))
+            if found:
+                break
+            await sleep(0.05)
+        with open(found[0]) as f:
+            attempts = json.load(f)["attempts"]
+        home = home_of("a moved conversation")
+        self.assertEqual(attempts[0], "pool key #%d (429)" % (home + 1,))
+        self.assertTrue(attempts[-1].startswith("conversation moved from pool key #%d to pool key #" % (home + 1,)))
+        self.assertTrue(attempts[-1].endswith("(same account)"), attempts)
 
 
 class UpstreamThreadKeyTests(RelayOverUpstreams, TestCase):
