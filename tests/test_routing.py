@@ -493,13 +493,14 @@ class KeyPoolTests(SynchronousTestCase):
         self.router = Router(config(), self.clock)
 
     def plan(self):
-        return self.router.plan(body("claude-sonnet-4-5"), 10)
+        """A request of no conversation, which takes the pool's rotation (conversations: tests.test_affinity)."""
+        return self.router.plan(body("claude-sonnet-4-5", messages=[]), 10)
 
     def test_rotation(self):
         """Successive requests of no conversation (no user message) start at successive keys of the pool."""
         starts = []
         for _ in range(4):
-            plan = self.router.plan({"model": "claude-sonnet-4-5", "messages": []}, 10)
+            plan = self.plan()
             attempt = plan.first()
             starts.append(attempt.key_index)
             self.assertEqual(attempt.key, KEYS[attempt.key_index])

@@ -58,7 +58,7 @@ def conversation_of(body: Any) -> str | None:
                 )
             except (TypeError, ValueError):
                 return None
-            return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+            return hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
     return None
 
 
