@@ -130,6 +130,10 @@ class RecoveryTests(RelayOverUpstreams, TestCase):
         with open(path) as f:
             dump = json.load(f)
         self.assertEqual(dump["status"], 400)
+        with open(path) as f:
+            text = f.read()
+        for key in KEYS + ("sk-ant-client",):
+            self.assertNotIn(key, text)
         self.assertIn("drop_block", dump["note"])
         self.assertIn("bound to a different conversation", json.dumps(dump["response"]))
         metrics = await (await treq.get(self.base + "/metrics", persistent=False)).text()
