@@ -215,6 +215,46 @@ class FileSettingsTests(FileTestCase):
         self.assertEqual(config.upstreams, (Upstream("default", "http://127.0.0.1:8001", keys=(ENV_KEY,)),))
         self.assertEqual(config.routes, (Route(models=("claude-haiku-*",), targets=(Target("default", "small"),)),))
 
+    def test_key_accounts(self):
+        """
+        A key may name its account (``{key = ..., account = ...}``) beside
+        plain keys; the pool keeps its order, and a pool of plain keys names none.
+        """
+        config = self.parse(
+            "--config",
+            self.write(
+                """
+                [upstreams.pool]
+                url = "http://127.0.0.1:1"
+                keys = [{ key = "env:RELAY_TEST_KEY_A", account = "team-a" }, "file:anthropic.key",
+                        { key = "%s", account = "team-a" }]
+                [upstreams.plain]
+                url = "http://127.0.0.1:2"
+                keys = ["env:RELAY_TEST_KEY_A"]
+                """ % (LITERAL_KEY,)
+            ),
+        )
+        pool, plain = config.upstreams
+        self.assertEqual(pool.keys, (ENV_KEY, FILE_KEY, LITERAL_KEY))
+        self.assertEqual(pool.accounts, ("team-a", None, "team-a"))
+        self.assertEqual(plain.accounts, ())
+        self.assertEqual(config.from_dict(config.to_dict()).upstreams, config.upstreams)
+
+    def test_thinking_binding_recovery_in_relay_table(self):
+        config = self.parse("--config", self.write('[relay]\nthinking-binding-recovery = "off"\n'))
+        self.assertEqual(config.thinking_binding_recovery, "off")
+
+    def test_key_account_refused(self):
+        for item, said in (
+            ('{ key = "k", team = "a" }', "takes key and account only"),
+            ('{ account = "a" }', "needs key"),
+            ('{ key = "k", account = "" }', "account must be a name"),
+            ("3", "must be a list of strings"),
+        ):
+            message = self.refused('[upstreams.a]\nurl = "http://127.0.0.1:1"\nkeys = [%s]\n' % (item,))
+            self.assertIn(said, message)
+            self.assertNotIn('"k"', message)
+
     def test_no_routes(self):
         """Upstreams without routes: every model goes to every upstream, in file order."""
         config = self.parse(

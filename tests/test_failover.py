@@ -266,12 +266,19 @@ class KeyPoolTests(RelayOverUpstreams, TestCase):
         return [r.header(b"x-api-key") for r in self.a.received]
 
     async def test_rotation(self):
-        """Successive requests start at successive keys; the client's own key is never sent."""
+        """
+        Requests of one conversation stay on one key; conversations spread
+        over the keys; the client's own key is never sent.
+        """
         await self.pool()
-        for _ in range(4):
-            response, _ = await self.post(messages_body())
-            self.assertEqual(response.code, 200)
-        self.assertEqual(self.keys_sent(), [[k.encode()] for k in (KEY_A, KEY_B, KEY_A, KEY_B)])
+        for n in range(4):
+            for _ in range(2):
+                body = messages_body([{"role": "user", "content": "conversation %d" % (n,)}])
+                response, _ = await self.post(body)
+                self.assertEqual(response.code, 200)
+        sent = self.keys_sent()
+        self.assertEqual([sent[i] for i in range(0, 8, 2)], [sent[i] for i in range(1, 8, 2)])
+        self.assertEqual(sorted(set(k[0] for k in sent)), [KEY_A.encode(), KEY_B.encode()])
 
     async def test_refused_key_rests(self):
         """A 401 on the first key: the second key answers at once, and the first rests for later requests."""

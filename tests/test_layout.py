@@ -46,7 +46,7 @@ LAYERS = (
     ("Twisted's internals", ("_twisted",)),
     (
         "pure values and rules",
-        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list"),
+        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies"),
     ),
     ("message threads", ("message_threads",)),
     ("settings", ("configfile", "settings")),

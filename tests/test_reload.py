@@ -178,7 +178,7 @@ class FileUpstreamsTests(TestCase):
         self.addCleanup(relay.service.stopService)
         response = await treq.post(
             "http://127.0.0.1:%d/v1/messages" % (relay_port,),
-            data=b'{"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}',
+            data=b'{"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hello"}]}',
             headers={"content-type": ["application/json"], "x-api-key": ["sk-ant-client-own"]},
             persistent=False,
         )

@@ -132,9 +132,13 @@ class JudgeTests(SynchronousTestCase):
 # flags are those of the verdict without retries (a retried send touches no
 # breaker and counts as a retry). Retries: ``--retries 2`` with the default
 # ``retry_statuses`` (429, 500, 502, 503, 504, 529) and ``max_retry_wait`` 10s.
-DELIVER, RETRY, NEXT_KEY, FAILOVER, ABANDON = (
-    Verdict.DELIVER, Verdict.RETRY, Verdict.NEXT_KEY, Verdict.FAILOVER, Verdict.ABANDON,
+DELIVER, RETRY, NEXT_KEY, FAILOVER, ABANDON, RECOVER = (
+    Verdict.DELIVER, Verdict.RETRY, Verdict.NEXT_KEY, Verdict.FAILOVER, Verdict.ABANDON, Verdict.RECOVER,
 )
+# A 400 saying a thinking block is bound to a different conversation
+# (``bound_elsewhere``), whose body may be sent again dropping such blocks
+# (``droppable``: recovery on, not between_tools, not sent so already).
+BOUND = dict(status=400, bound_elsewhere=True)
 OUTCOMES = [
     ("connect failure", dict(error_kind="connect"), False, RETRY, FAILOVER, True, True),
     ("connect failure", dict(error_kind="connect"), True, RETRY, FAILOVER, True, True),
@@ -152,6 +156,14 @@ OUTCOMES = [
     ("4xx", dict(status=400), True, DELIVER, DELIVER, False, False),
     ("4xx", dict(status=404), False, DELIVER, DELIVER, False, False),
     ("4xx", dict(status=413), True, DELIVER, DELIVER, False, False),
+    ("400 bound elsewhere", dict(BOUND, droppable=True), False, RECOVER, RECOVER, False, False),
+    ("400 bound elsewhere per key", dict(BOUND, droppable=True), True, RECOVER, RECOVER, False, False),
+    ("400 bound elsewhere, not droppable", BOUND, True, DELIVER, DELIVER, False, False),
+    ("400 droppable, not bound elsewhere", dict(status=400, droppable=True), True, DELIVER, DELIVER, False, False),
+    (
+        "after the first byte: 400 bound elsewhere",
+        dict(BOUND, droppable=True, first_byte_sent=True), True, DELIVER, DELIVER, False, False,
+    ),
     ("401 client's credentials", dict(status=401), False, DELIVER, DELIVER, False, True),
     ("401 per key", dict(status=401), True, NEXT_KEY, NEXT_KEY, False, True),
     ("403 client's credentials", dict(status=403), False, DELIVER, DELIVER, False, True),
@@ -247,8 +259,8 @@ class OutcomeTableTests(SynchronousTestCase):
     def test_plan_never_retries(self):
         """The plan judges without retries: same-target retries happen before it is told."""
         for name, outcome, pooled, _, verdict, _, _ in OUTCOMES:
-            if verdict is ABANDON:
-                continue
+            if verdict is ABANDON or "bound_elsewhere" in outcome or "droppable" in outcome:
+                continue  # the plan is told the outcome once a recovery is done
             router = Router(config(), Clock())
             plan = router.plan(body("claude-haiku-4-5" if not pooled else "claude-sonnet-4-5"), 10)
             attempt = plan.first()
@@ -481,10 +493,11 @@ class KeyPoolTests(SynchronousTestCase):
         self.router = Router(config(), self.clock)
 
     def plan(self):
-        return self.router.plan(body("claude-sonnet-4-5"), 10)
+        """A request of no conversation, which takes the pool's rotation (conversations: tests.test_affinity)."""
+        return self.router.plan(body("claude-sonnet-4-5", messages=[]), 10)
 
     def test_rotation(self):
-        """Successive requests start at successive keys of the pool."""
+        """Successive requests of no conversation (no user message) start at successive keys of the pool."""
         starts = []
         for _ in range(4):
             plan = self.plan()

@@ -87,6 +87,11 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual(config.simulate_options["seed"], 9)
         self.assertEqual(config.simulate_options["reuse_every"], 4)
 
+    def test_thinking_binding_recovery(self):
+        """Recovery from the "bound to a different conversation" 400 is on by default; off turns it off."""
+        self.assertEqual(parse().config.thinking_binding_recovery, "drop_block")
+        self.assertEqual(parse("--thinking-binding-recovery", "off").config.thinking_binding_recovery, "off")
+
     def test_no_dumps(self):
         """
         ``--no-dumps`` turns the dump writer off.
@@ -139,6 +144,7 @@ class OptionsTests(SynchronousTestCase):
             (["--simulate", "chaotic"], "--simulate"),
             (["--simulate-seed", "x"], "--simulate-seed"),
             (["--max-upstream-connections", "0"], "--max-upstream-connections"),
+            (["--thinking-binding-recovery", "retry"], "--thinking-binding-recovery"),
         ]
         for argv, name in cases:
             with self.assertRaises(UsageError, msg=repr(argv)) as raised:

@@ -14,24 +14,30 @@ or none. What to do with every outcome is decided by
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
+from weakref import WeakKeyDictionary
+
 import ujson
+from prometheus_client import Counter
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 
 from twisted_relay._json import to_json
-from twisted_relay.answer import note_repairs
+from twisted_relay.answer import Exchange, note_repairs
+from twisted_relay.bodies import BINDING_BETA, bound_elsewhere, droppable, dropping_blocks, with_beta
 from twisted_relay.errors import RelayError
 from twisted_relay.routing import CLIENT_GONE, Verdict, judge
 from twisted_relay.translation import translate_request
 from twisted_relay.upstream import read_body
 from twisted_relay.upstream_headers import upstream_request_headers
 
-__all__ = ["Attempts", "Sent", "retry_after"]
+__all__ = ["Attempts", "Sent", "extra_counters", "retry_after"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,8 @@ class Attempts:
         """
         context, plan = self._context, self.plan
         metrics = context.metrics
+        if self._relayed.turn is not None and context.threads.upstream_knows:
+            plan.pin()  # the upstream's thread lives in the account of the key that made it
         attempt = plan.first()
         while True:
             self.attempt = attempt
@@ -89,7 +97,7 @@ class Attempts:
             name = attempt.upstream.name
             metrics.labelled(metrics.upstream_requests, name).inc()
             try:
-                response, asked_wait = await self._send(context.clients[name], sent, attempt)
+                response, asked_wait, sent = await self._send(context.clients[name], sent, attempt)
             except CancelledError:
                 # The client went away (the deadline's cancel is a RelayError).
                 plan.report(attempt, error_kind=CLIENT_GONE)
@@ -106,10 +114,12 @@ class Attempts:
                 continue
             if response.code < 300:
                 self._unsettled = True
+                self._moved(attempt)
                 return response, sent
             following = plan.report(attempt, response.code, retry_after=asked_wait)
             self._note(attempt, following)
             if following is None:
+                self._moved(attempt)
                 return response, sent
             # Read the refused answer, so its connection goes back to the pool.
             await self._discard(response, attempt)
@@ -132,6 +142,10 @@ class Attempts:
         labels = ["%s (%s)" % (t.attempt.label, t.outcome) for t in self.plan.tried]
         if self._unsettled:
             labels.append("%s (answered)" % (self.attempt.label,))
+        moved = self.plan.moved(self.attempt) if self.attempt is not None else None
+        if moved is not None:
+            labels.append("conversation moved from %s to %s (%s)" % (
+                moved[0], self.attempt.label, "another account" if moved[1] else "same account"))
         return labels
 
     def _prepare(self, attempt) -> Sent:
@@ -167,18 +181,30 @@ class Attempts:
         # needed once serialised: a request that waits on the upstream holds
         # its bytes only.
         translation.forget_body()
-        return Sent(path, headers, upstream_body, translation)
+        sent = Sent(path, headers, upstream_body, translation)
+        conversation = self.plan.conversation
+        # Remembered per upstream: another one may not know the setting.
+        remembered = conversation is not None and "%s %s" % (attempt.upstream.name, conversation) in context.router.dropping
+        if remembered and self._may_drop_blocks(sent):
+            # Its history still holds what broke a block's prefix: the
+            # setting goes with every later request, as the API asks.
+            return _dropping_blocks(sent)
+        return sent
 
     async def _send(self, client, sent: Sent, attempt):
         """
         Send one attempt upstream, and again to the same target while the
-        rule says so (:attr:`~twisted_relay.routing.Verdict.RETRY`). Return
-        the response and the wait it asked for (``retry-after``), if any.
+        rule says so (:attr:`~twisted_relay.routing.Verdict.RETRY`), or once
+        with invalid thinking blocks dropped
+        (:attr:`~twisted_relay.routing.Verdict.RECOVER`). Return the
+        response, the wait it asked for (``retry-after``), if any, and what
+        was sent for it.
         """
         context, relayed = self._context, self._relayed
         clock, metrics, rule = context.reactor, context.metrics, context.retry
         pooled = attempt.key_index is not None
         retried = 0
+        recovered = False
         while True:
             started = clock.seconds()
             try:
@@ -193,17 +219,81 @@ class Attempts:
                 raise
             metrics.labelled(metrics.upstream_latency, relayed.route.name).observe(clock.seconds() - started)
             if response.code < 300:
-                return response, None
+                return response, None, sent
             # Read only where it decides something (a 429, or a status retried).
             asked = response.code == 429 or response.code in rule.statuses
             asked_wait = retry_after(response.headers) if asked else None
-            judgement = judge(response.code, pooled=pooled, retry_after=asked_wait, retried=retried, retry=rule)
+            answer, droppable = None, False
+            if response.code == 400 and not recovered and self._may_drop_blocks(sent):
+                # Read to be judged; whoever delivers it reads it again.
+                answer = await self._read(response, attempt)
+                response, droppable = _ReadAnswer(response, answer), True
+            judgement = judge(
+                response.code, pooled=pooled, retry_after=asked_wait, retried=retried, retry=rule,
+                bound_elsewhere=bound_elsewhere(answer), droppable=droppable,
+            )
+            if judgement.verdict is Verdict.RECOVER:
+                recovered = True
+                sent = self._recover(response, answer, sent, attempt)
+                continue
             if judgement.verdict is Verdict.RETRY:
                 retried += 1
                 await self._discard(response, attempt)
                 await self._pause(retried, judgement.wait, "status %d" % (response.code,))
                 continue
-            return response, asked_wait
+            return response, asked_wait, sent
+
+    def _may_drop_blocks(self, sent: Sent) -> bool:
+        """Recovery is on and the body sent may take ``drop_block`` (:func:`~twisted_relay.bodies.droppable`)."""
+        if self._context.config.thinking_binding_recovery != "drop_block" or sent.body is None:
+            return False
+        try:
+            return droppable(ujson.loads(sent.body))
+        except (ValueError, OverflowError):
+            return False
+
+    def _recover(self, response, answer: bytes, sent: Sent, attempt) -> Sent:
+        """
+        Dump, log and count the "bound to a different conversation" 400,
+        and give what is sent again: the body with its invalid thinking
+        blocks dropped, and the beta that setting needs.
+        """
+        context, relayed = self._context, self._relayed
+        name = attempt.upstream.name
+        extra_counters(context.metrics)["recoveries"].labels(name).inc()
+        note = (
+            'The upstream answered that a thinking block is bound to a different conversation; the relay '
+            'sent the request again to %s with thinking.block_binding.prefix_mismatch_behavior "drop_block" '
+            "and anthropic-beta %s (--thinking-binding-recovery)." % (attempt.label, BINDING_BETA)
+        )
+        context.log.warn(
+            "Upstream {attempt} answered 400 for {relay_request_id}: a thinking block is bound to a different "
+            "conversation; sending it again with the invalid blocks dropped",
+            attempt=attempt.label,
+            relay_request_id=relayed.id,
+            upstream=name,
+        )
+        if context.dumps is not None:
+            exchange = Exchange(
+                request_id=relayed.id,
+                received_at=time.time(),
+                url=context.clients[name].display_url + sent.path,
+                client_headers=relayed.request.requestHeaders,
+                client_body=self._raw,
+                upstream_headers=sent.headers,
+                upstream_body=sent.body,
+                translation=sent.translation,
+                attempt=attempt,
+                attempts=self.labels() + ["%s (400, bound to a different conversation)" % (attempt.label,)],
+            )
+            context.dumps.submit(replace(exchange.dump(response, answer), note=note))
+        if self.plan.conversation is not None:
+            context.router.dropping.add("%s %s" % (name, self.plan.conversation))
+        return _dropping_blocks(sent)
+
+    async def _read(self, response, attempt) -> bytes:
+        """Read a whole answer to judge it; only the deadline and the upstream's silence stop it."""
+        return await self._relayed.wait(read_body(response, self._context.reactor, attempt.upstream.idle_timeout or None))
 
     async def _pause(self, retried: int, delay: float, why: str) -> None:
         context = self._context
@@ -220,6 +310,26 @@ class Attempts:
         except RelayError as e:
             if e.kind == "total_timeout":
                 raise
+
+    def _moved(self, attempt) -> None:
+        """Log and count an answer from another key or upstream than the conversation's own."""
+        moved = self.plan.moved(attempt)
+        if moved is None:
+            return
+        home, across = moved
+        counter = extra_counters(self._context.metrics)["moves"]
+        counter.labels(attempt.upstream.name, "account" if across else "key").inc()
+        self._context.log.warn(
+            "Conversation of {relay_request_id} moved from {home} to {attempt} ({across}): "
+            "{cost}",
+            relay_request_id=self._relayed.id,
+            home=home,
+            attempt=attempt.label,
+            across="another account" if across else "same account",
+            cost="its account-bound thinking is dropped and its prompt cache starts again"
+            if across else "its prompt cache may start again",
+            upstream=attempt.upstream.name,
+        )
 
     def _note(self, attempt, following) -> None:
         """Log and count an attempt whose outcome did not end the request well, or moved it on."""
@@ -241,6 +351,83 @@ class Attempts:
             upstream=name,
             upstream_model=attempt.model,
         )
+
+
+def extra_counters(metrics) -> dict:
+    """
+    The counters of conversation moves and thinking-binding recoveries,
+    made on ``metrics``' registry the first time they are asked for
+    (``relay_conversation_moves_total``, ``relay_binding_recoveries_total``).
+    """
+    counters = _EXTRA_COUNTERS.get(metrics)
+    if counters is None:
+        counters = _EXTRA_COUNTERS[metrics] = {
+            "moves": Counter(
+                "relay_conversation_moves",
+                "Answers from another key or upstream than their conversation's own, by upstream and "
+                "across (key: a key of the same account; account: another account or upstream).",
+                ["upstream", "across"],
+                registry=metrics.registry,
+            ),
+            "recoveries": Counter(
+                "relay_binding_recoveries",
+                'Requests sent again with prefix_mismatch_behavior "drop_block" after the upstream\'s '
+                '"bound to a different conversation" 400, by upstream.',
+                ["upstream"],
+                registry=metrics.registry,
+            ),
+        }
+    return counters
+
+
+_EXTRA_COUNTERS: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _dropping_blocks(sent: Sent) -> Sent:
+    """``sent`` with ``prefix_mismatch_behavior: "drop_block"`` and the beta it needs."""
+    headers = sent.headers.copy()
+    headers.setRawHeaders(b"anthropic-beta", [with_beta(headers.getRawHeaders(b"anthropic-beta"))])
+    return Sent(sent.path, headers, to_json(dropping_blocks(ujson.loads(sent.body))), sent.translation)
+
+
+class _ReadAnswer:
+    """
+    An upstream's response whose body the relay already read (to judge
+    it): ``deliverBody`` gives that body again, at once. Everything else is
+    the response's own.
+    """
+
+    def __init__(self, response, body: bytes):
+        self._response = response
+        self._body = body
+        self.code = response.code
+        self.headers = response.headers
+        self.length = len(body)
+
+    def __getattr__(self, name):
+        return getattr(self._response, name)
+
+    def deliverBody(self, protocol) -> None:
+        protocol.makeConnection(_ReadTransport())
+        if self._body:
+            protocol.dataReceived(self._body)
+        protocol.connectionLost(Failure(ResponseDone()))
+
+
+class _ReadTransport:
+    """The transport of a body already read: nothing to pause, resume or stop."""
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+    def loseConnection(self) -> None:
+        pass
 
 
 def retry_after(headers: Headers) -> float | None:

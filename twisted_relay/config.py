@@ -70,6 +70,11 @@ class Upstream:
         ``original``; ``None``: none (see ``docs/id-translation.md``).
     :ivar own_ids: ``original`` only: the regular expression of the ids it
         makes (only those go back as it emitted them); ``None``: every id.
+    :ivar accounts: the account (or workspace) each key of :attr:`keys`
+        belongs to, in the same order (``None``: not named, an account of
+        its own); empty when no key names one. A conversation that must
+        leave its key goes to a key of the same account first
+        (:mod:`twisted_relay.affinity`).
     """
 
     name: str
@@ -83,6 +88,11 @@ class Upstream:
     threads: str | None = None
     id_pattern: str | None = DEFAULT_ID_PATTERN
     own_ids: str | None = None
+    accounts: tuple[str | None, ...] = ()
+
+    def account_of(self, index: int) -> str | None:
+        """The account key ``index`` (0-based) names, if it names one."""
+        return self.accounts[index] if index < len(self.accounts) else None
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -124,6 +134,10 @@ class Route:
     thinking: bool | None = None
     images: bool | None = None
     body_over: int | None = None
+
+
+#: The values of ``thinking_binding_recovery``.
+BINDING_RECOVERIES = ("drop_block", "off")
 
 
 def one_upstream(
@@ -268,6 +282,12 @@ class RelayConfig:
     :ivar thread_max_count: threads the memory store holds at most.
     :ivar thread_max_bytes: conversation bytes the memory store holds at
         most (least recently used threads go first).
+    :ivar thinking_binding_recovery: what the relay does when an upstream
+        answers 400 that a thinking block is bound to a different
+        conversation, before any byte reached the client: ``drop_block``
+        sends the request once more to the same key with
+        ``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``
+        (and its beta); ``off`` passes the 400 on.
     :ivar config_file: the ``--config`` file these settings came from, read
         again by :meth:`twisted_relay.service.Relay.reload`; ``None`` when
         there is none.
@@ -302,6 +322,7 @@ class RelayConfig:
     forward_attribution: bool = False
     upstreams: tuple[Upstream, ...] = one_upstream()
     routes: tuple[Route, ...] = ()
+    thinking_binding_recovery: str = "drop_block"
     breaker_failures: int = 3
     breaker_cooldown: float = 30.0
     key_rest: float = 600.0

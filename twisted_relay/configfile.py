@@ -241,11 +241,13 @@ def _upstream_tables(path, tables, environ, folder) -> tuple[Upstream, ...]:
             raise where.error("url", "missing: every upstream needs its base URL")
         ids = _policy(where, table.get("ids", "unique"))
         id_pattern, own_ids = _id_rules(where, name, ids, table)
+        keys, accounts = _keys(where, table.get("keys"), environ, folder)
         upstreams.append(
             Upstream(
                 name=name,
                 url=_url(where, table["url"]),
-                keys=_keys(where, table.get("keys"), environ, folder),
+                keys=keys,
+                accounts=accounts,
                 ids=ids,
                 connect_timeout=_seconds(where, "connect-timeout", table.get("connect-timeout")),
                 response_timeout=_seconds(where, "response-timeout", table.get("response-timeout")),
@@ -276,21 +278,46 @@ def _url(where: _Table, value) -> str:
     return url
 
 
-def _keys(where: _Table, value, environ, folder) -> tuple[str, ...]:
+def _keys(where: _Table, value, environ, folder) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
+    """
+    A pool's keys and the account each names: every item is a key's source
+    (``"env:VAR"``, ``"file:PATH"`` or the key) or a table ``{key = SOURCE,
+    account = "NAME"}``. The accounts are ``()`` when no key names one.
+    """
     if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise where.error("keys", 'must be a list of strings: "env:VAR", "file:PATH" or the key')
+        return (), ()
+    if not isinstance(value, list) or not all(isinstance(v, (str, dict)) for v in value):
+        raise where.error(
+            "keys", 'must be a list of strings ("env:VAR", "file:PATH" or the key) or {key = ..., account = ...} tables'
+        )
     if not value:
         raise where.error("keys", "is empty: give at least one key, or leave keys out to pass the client's own")
     keys: list[str] = []
-    for position, source in enumerate(value, 1):
+    accounts: list[str | None] = []
+    for position, item in enumerate(value, 1):
         label = "keys #%d" % (position,)
+        source, account = _key_item(where, label, item)
         key = _key(where, label, source, environ, folder)
         if key in keys:
             raise where.error(label, "is the same key as keys #%d" % (keys.index(key) + 1,))
         keys.append(key)
-    return tuple(keys)
+        accounts.append(account)
+    return tuple(keys), (tuple(accounts) if any(a is not None for a in accounts) else ())
+
+
+def _key_item(where: _Table, label: str, item) -> tuple[str, str | None]:
+    """One item of ``keys``: its source, and the account it names (or ``None``)."""
+    if isinstance(item, str):
+        return item, None
+    unknown = sorted(set(item) - {"key", "account"})
+    if unknown:
+        raise where.error(label, "takes key and account only, not %s" % (", ".join(unknown),))
+    if not isinstance(item.get("key"), str):
+        raise where.error(label, 'needs key = "env:VAR", "file:PATH" or the key')
+    account = item.get("account")
+    if account is not None and (not isinstance(account, str) or not account.strip()):
+        raise where.error(label, "account must be a name (a string that is not empty)")
+    return item["key"], account
 
 
 def _key(where: _Table, label: str, source: str, environ, folder) -> str:

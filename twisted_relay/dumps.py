@@ -112,6 +112,9 @@ class DumpRequest:
     upstream_model: str | None = None
     attempts: tuple = ()
     attribution: dict | None = None
+    #: What the relay did about this answer, when it did something (e.g.
+    #: sent the request again with invalid thinking blocks dropped).
+    note: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "attempts", tuple(self.attempts))
@@ -174,6 +177,7 @@ def build_dump(request: DumpRequest, settings: dict) -> dict:
         "upstream": request.upstream,
         "upstream_model": request.upstream_model,
         "attempts": list(request.attempts),
+        "note": request.note,
         "policy": request.policy,
         "relay_version": __version__,
         "timeline": build_timeline(client_body, upstream_body),

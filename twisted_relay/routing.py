@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from twisted_relay.affinity import RecentConversations, conversation_of, key_digest, key_order, same_account
+from twisted_relay.bodies import holds_image
 from twisted_relay.config import RelayConfig, Route, Upstream, rules_for
 from twisted_relay.errors import RelayError
 
@@ -90,6 +92,11 @@ class Verdict(enum.Enum):
     #: Try the next target: no answer (connection failure, timeout before
     #: the headers), 5xx, 529, or 429 without a key pool.
     FAILOVER = "failover"
+    #: Send the request again to the same target with the same key, once,
+    #: with ``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``
+    #: (and its beta): the upstream's 400 said a thinking block is bound to a
+    #: different conversation, and the same body would fail the same way.
+    RECOVER = "recover"
     #: The client went away: nothing is sent again and no breaker hears of
     #: it (what the upstream would have done is unknown).
     ABANDON = "abandon"
@@ -148,6 +155,8 @@ def judge(
     retry_after: float | None = None,
     retried: int = 0,
     retry: RetryRule = NO_RETRIES,
+    bound_elsewhere: bool = False,
+    droppable: bool = False,
 ) -> Judgement:
     """
     Decide what one outcome calls for: the one rule of retries and failover.
@@ -164,6 +173,11 @@ def judge(
         (``retry-after-ms`` or ``retry-after``), if it did.
     :param retried: how many times this attempt was sent again already.
     :param retry: when the same target is sent the request again.
+    :param bound_elsewhere: a 400 says a thinking block is bound to a
+        different conversation (:func:`~twisted_relay.bodies.bound_elsewhere`).
+    :param droppable: the request may be sent again dropping such blocks:
+        recovery is on, and its body was not sent with ``block_binding``
+        (nor is ``between_tools``).
     """
     if error_kind == CLIENT_GONE:
         return Judgement(Verdict.ABANDON)
@@ -174,6 +188,8 @@ def judge(
     failed = status is None or error_kind is not None or status >= 500 or status in (401, 403, 429)
     if first_byte_sent:
         return Judgement(Verdict.DELIVER, upstream_failed=broken, attempt_failed=failed)
+    if status == 400 and bound_elsewhere and droppable:
+        return Judgement(Verdict.RECOVER)  # never a failover: another key sees the same prefix
     if retried < retry.retries and _retried_here(status, error_kind, retry_after, retry):
         wait = retry_after if retry_after is not None else min(_LONGEST_PAUSE, _FIRST_PAUSE * 2**retried)
         return Judgement(Verdict.RETRY, wait=wait)
@@ -262,6 +278,7 @@ class _UpstreamHealth:
         self.breaker = Breaker()
         self.keys = [Breaker() for _ in upstream.keys]
         self.rotation = 0
+        self.key_digests = [key_digest(key) for key in upstream.keys]
 
     def available(self, now: float) -> bool:
         """Neither the upstream nor every key of its pool is resting."""
@@ -293,6 +310,14 @@ class RequestFacts:
         thinking = self._body.get("thinking")
         self.thinking = isinstance(thinking, dict) and thinking.get("type", "enabled") != "disabled"
         self._images: bool | None = None
+        self._conversation: str | None = None
+
+    @property
+    def conversation(self) -> str | None:
+        """The conversation the request belongs to (:func:`~twisted_relay.affinity.conversation_of`)."""
+        if self._conversation is None:
+            self._conversation = conversation_of(self._body) or ""
+        return self._conversation or None
 
     @classmethod
     def for_model(cls, model: str) -> "RequestFacts":
@@ -302,31 +327,8 @@ class RequestFacts:
     @property
     def images(self) -> bool:
         if self._images is None:
-            self._images = _holds_image(self._body.get("messages"))
+            self._images = holds_image(self._body.get("messages"))
         return self._images
-
-
-def _holds_image(messages: Any) -> bool:
-    if not isinstance(messages, list):
-        return False
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and _blocks_hold_image(content):
-            return True
-    return False
-
-
-def _blocks_hold_image(blocks: list) -> bool:
-    for block in blocks:
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
-        if kind == "image":
-            return True
-        inner = block.get("content")
-        if kind == "tool_result" and isinstance(inner, list) and _blocks_hold_image(inner):
-            return True
-    return False
 
 
 def route_matches(route: Route, facts: RequestFacts) -> bool:
@@ -405,8 +407,12 @@ class Plan:
     The attempts for one request, chosen one at a time from what the last
     one's outcome calls for (see :func:`judge`): the route's targets in
     order, healthy ones first, then resting ones (a request is never failed
-    without trying); within an upstream with a key pool, its keys from the
-    next in rotation, healthy ones first.
+    without trying); within an upstream with a key pool, a conversation's
+    keys in its order (:func:`~twisted_relay.affinity.key_order`: its home
+    key, then its account's), or for a request of no conversation from the
+    next in rotation; healthy ones first.
+
+    :ivar conversation: the request's conversation, or ``None``.
     """
 
     def __init__(self, router: "Router", route: Route, facts: RequestFacts):
@@ -416,6 +422,10 @@ class Plan:
         # The model only: the facts hold the parsed body, which a request
         # waiting on the upstream must not keep.
         self._model = facts.model
+        self.conversation = facts.conversation
+        # The conversation's home, once known: its first upstream and key there.
+        self._home: tuple[Upstream, int | None] | None = None
+        self._pinned = False
         self._targets = list(route.targets)
         self._keys: list[int] = []
         self._target = None
@@ -429,6 +439,31 @@ class Plan:
         attempt = self._next_target()
         assert attempt is not None  # a route has at least one target
         return attempt
+
+    def pin(self) -> None:
+        """
+        Keep the conversation on its home key: no other key of the pool is
+        tried (an upstream's thread lives in the account of the key that
+        made it). Asked before :meth:`first`.
+        """
+        self._pinned = True
+
+    def moved(self, attempt: Attempt) -> tuple[str, bool] | None:
+        """
+        Whether ``attempt`` (the answering one) took the conversation off
+        its home (the first target's upstream and the conversation's key
+        there): the home's label, and whether the account changed too
+        (another upstream, or a key not known to share the home's account).
+        ``None`` when it stayed, or the request has no conversation.
+        """
+        if self._home is None:
+            return None
+        upstream, key_index = self._home
+        here = attempt.upstream.name == upstream.name
+        if here and attempt.key_index == key_index:
+            return None
+        home = Attempt(upstream, None, key_index, None)
+        return home.label, not (here and same_account(upstream.accounts, key_index, attempt.key_index))
 
     def report(
         self,
@@ -523,7 +558,16 @@ class Plan:
         health = router.health_of(chosen.upstream)
         health.breaker.take(now, router.breaker_cooldown)
         count = len(health.keys)
-        if count:
+        if self.conversation is not None:
+            upstream = router.settings[chosen.upstream]
+            self._keys = key_order(self.conversation, health.key_digests, upstream.accounts)
+            if self._home is None:  # where the conversation goes while nothing fails
+                self._home = (upstream, self._keys[0] if count else None)
+            if self._pinned:
+                del self._keys[1:]
+            if count:
+                return self._next_key()
+        elif count:
             start = health.rotation % count
             health.rotation += 1
             self._keys = [(start + i) % count for i in range(count)]
@@ -569,8 +613,10 @@ class Router:
     :param clock: anything with a ``seconds()`` method (the reactor).
     """
 
-    def __init__(self, config: RelayConfig, clock: Any, *, _health: dict | None = None):
+    def __init__(self, config: RelayConfig, clock: Any, *, _health: dict | None = None, _dropping=None):
         self.config = config
+        #: Conversations sent with ``drop_block`` since a "bound to a different conversation" 400.
+        self.dropping = _dropping if _dropping is not None else RecentConversations()
         self.breaker_failures = config.breaker_failures
         self.breaker_cooldown = config.breaker_cooldown
         self.key_rest = config.key_rest
@@ -604,7 +650,7 @@ class Router:
         A router for a new configuration that keeps the health of every
         upstream whose URL and keys did not change.
         """
-        return Router(config, self._clock, _health=self._health)
+        return Router(config, self._clock, _health=self._health, _dropping=self.dropping)
 
     def route_for(self, facts: RequestFacts) -> Route | None:
         """The first route that matches, or ``None``."""

@@ -26,6 +26,7 @@ from dataclasses import fields
 from typing import Callable, Mapping
 
 from twisted_relay.config import (
+    BINDING_RECOVERIES,
     DEFAULT_LISTEN,
     DEFAULT_UPSTREAM,
     DEFAULT_UPSTREAM_NAME,
@@ -129,6 +130,14 @@ PARAMETERS = [
         "1",
         "Relay processes sharing the tcp: listen addresses (SO_REUSEPORT), this one included: "
         "one per core uses every core.",
+    ],
+    [
+        "thinking-binding-recovery",
+        None,
+        "drop_block",
+        "After an upstream's 400 saying a thinking block is bound to a different conversation (before any "
+        "byte reached the client): drop_block sends the request once more with "
+        "thinking.block_binding.prefix_mismatch_behavior drop_block and its beta; off passes the 400 on.",
     ],
     ["breaker-failures", None, "3", "Failures in a row after which an upstream (or a key) is skipped a while."],
     ["breaker-cooldown", None, "30", "Seconds a failing upstream or key is skipped before it is probed."],
@@ -353,10 +362,15 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
         raise SettingsError("--simulate-reuse-every must be zero or more.")
     if values["simulate-threads"] not in _SIMULATED_THREAD_MODES:
         raise SettingsError(f"--simulate-threads must be one of {', '.join(_SIMULATED_THREAD_MODES)}.")
-    if values["simulate-api"] not in _SIMULATED_APIS:
-        raise SettingsError(f"--simulate-api must be one of {', '.join(_SIMULATED_APIS)}.")
+    if values["thinking-binding-recovery"] not in BINDING_RECOVERIES:
+        raise SettingsError(
+            "--thinking-binding-recovery must be one of %s, not %r."
+            % (", ".join(BINDING_RECOVERIES), values["thinking-binding-recovery"])
+        )
     if values["threads"] not in THREAD_MODES:
         raise SettingsError(f"--threads must be one of {', '.join(THREAD_MODES)}, not {values['threads']!r}.")
+    if values["simulate-api"] not in _SIMULATED_APIS:
+        raise SettingsError(f"--simulate-api must be one of {', '.join(_SIMULATED_APIS)}.")
     thread_store = values["thread-store"]
     if thread_store != "memory" and not thread_store.startswith("redis://"):
         raise SettingsError("--thread-store must be memory or a redis://host[:port][/db] URL.")
@@ -430,6 +444,7 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
         gc_tuning=not values["no-gc-tuning"],
         forward_attribution=bool(values["forward-attribution"]),
         threads=values["threads"],
+        thinking_binding_recovery=values["thinking-binding-recovery"],
         thread_store=thread_store,
         thread_ttl=thread_ttl,
         thread_max_count=thread_max_count,
