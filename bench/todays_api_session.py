@@ -48,6 +48,7 @@ the keys the strict upstream saw and the relay's move and recovery counters.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -174,12 +175,22 @@ def _error(caught) -> str:
     return f"{getattr(caught, 'status_code', type(caught).__name__)} {str(message)[:200]}"
 
 
-def plain_session(base_url: str, turns: int, every: int, deadline: float, between) -> list[Turn]:
+def edit_old_turn(messages: list) -> None:
+    """What a bad client does: the first tool result of the conversation, changed in place."""
+    for message in messages:
+        if message["role"] == "user" and isinstance(message["content"], list):
+            message["content"] = [dict(message["content"][0], content="rainy, edited later")] + message["content"][1:]
+            return
+
+
+def plain_session(base_url: str, turns: int, every: int, deadline: float, between,
+                  edit_at: int | None = None) -> list[Turn]:
     """
     A loop of ``client.beta.messages.create`` (even turns) and
     ``client.beta.messages.stream`` (odd turns) with tool results, the
     model switching every ``every`` turns; runs in a thread. ``between(n)``
     runs before turn ``n`` and returns the request counts of the upstreams.
+    Before turn ``edit_at``, the client edits an old turn (:func:`edit_old_turn`).
     """
     import anthropic
 
@@ -191,6 +202,8 @@ def plain_session(base_url: str, turns: int, every: int, deadline: float, betwee
             if time.monotonic() > deadline:
                 break
             between(number)
+            if number == edit_at:
+                edit_old_turn(messages)
             upstream = _upstream_of(number, every)
             turn = Turn(number, upstream, streamed=number % 2 == 1)
             request = dict(model=MODELS[upstream], max_tokens=512, system=SYSTEM, tools=TOOLS,
@@ -302,13 +315,14 @@ def own_thinking_back(name: str, upstream: SimulatedUpstream, done: list[Turn]) 
 
 async def run_session(reactor, *, turns: int = 300, every: int = 3, threads: bool = False,
                       failover: str | None = None, recovery: str = "drop_block", time_limit: float = 900.0,
-                      seed: int = 7, folder: str | None = None) -> dict:
+                      seed: int = 7, folder: str | None = None, bad_client: bool = False) -> dict:
     """
     Serve both simulated upstreams and the relay on 127.0.0.1, run the
     session, stop everything and return the figures (see :func:`report`).
     """
     own_folder = folder is None
     folder = folder or tempfile.mkdtemp(prefix="todays-api-")
+    os.makedirs(folder, exist_ok=True)
     pool = POOLS[failover]
     upstreams = {
         "kimi": SimulatedUpstream(reactor=reactor, mode="lenient", seed=seed, id_style="kimi",
@@ -342,11 +356,14 @@ async def run_session(reactor, *, turns: int = 300, every: int = 3, threads: boo
             wall.refused.update(homes or [KEYS[pool[0]][0]])
         return {name: len(_messages_requests(upstream)) for name, upstream in upstreams.items()}
 
-    session = threaded_session if threads else plain_session
     started = time.monotonic()
     try:
-        done = await deferToThread(session, "http://127.0.0.1:%d" % (port,), turns, every,
-                                   started + time_limit, between)
+        if threads:
+            done = await deferToThread(threaded_session, "http://127.0.0.1:%d" % (port,), turns, every,
+                                       started + time_limit, between)
+        else:
+            done = await deferToThread(plain_session, "http://127.0.0.1:%d" % (port,), turns, every,
+                                       started + time_limit, between, turns // 2 if bad_client else None)
     finally:
         await relay.service.stopService()
         for listening in ports.values():
@@ -360,21 +377,30 @@ async def run_session(reactor, *, turns: int = 300, every: int = 3, threads: boo
             "relay_conversation_moves_total", {"upstream": "strict", "across": "account"}) or 0,
         "binding_recoveries": sum(registry.get_sample_value(
             "relay_binding_recoveries_total", {"upstream": name}) or 0 for name in upstreams),
+        "thread_continues_found": registry.get_sample_value("relay_thread_lookups_total", {"outcome": "hit"}) or 0,
+        "thread_continues_lost": registry.get_sample_value("relay_thread_lookups_total", {"outcome": "miss"}) or 0,
     }
-    dumped = [name for _, _, names in os.walk(dumps) for name in names] if os.path.isdir(dumps) else []
+    dumped = [os.path.join(where, name) for where, _, names in os.walk(dumps) for name in names]
     figures = report(done, upstreams, turns, seconds)
     figures.update(counters)
     figures["dumps"] = len(dumped)
+    figures["dump_notes"] = [_note_of(path) for path in dumped]
     figures["strict_keys"] = Counter(
         label_of.get(r.headers.get("x-api-key"), "other") for r in _messages_requests(upstreams["strict"]))
     figures["rate_limited"] = wall.refusals
     figures["variant"] = "threads" if threads else "plain"
     figures["failover"] = failover or "none"
+    figures["bad_client"] = bad_client
     if own_folder and not dumped:
         shutil.rmtree(folder, ignore_errors=True)
     else:
         figures["folder"] = folder
     return figures
+
+
+def _note_of(path: str) -> str | None:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("note")
 
 
 def report(done: list[Turn], upstreams: dict, turns: int, seconds: float) -> dict:
@@ -405,7 +431,8 @@ def report(done: list[Turn], upstreams: dict, turns: int, seconds: float) -> dic
 
 def print_figures(figures: dict) -> None:
     """The figures, one line each."""
-    print(f"variant: {figures['variant']}, failover: {figures['failover']}")
+    print(f"variant: {figures['variant']}, failover: {figures['failover']}"
+          + (", a bad client edits an old turn midway" if figures["bad_client"] else ""))
     print(f"turns: {figures['turns']}/{figures['turns_asked']} ({figures['streamed_turns']} streamed) "
           f"in {figures['seconds']} s")
     print(f"failed turns: {figures['failed_turns']}")
@@ -425,6 +452,10 @@ def print_figures(figures: dict) -> None:
           f"other account {figures['moves_other_account']:g}; "
           f"relay_binding_recoveries_total: {figures['binding_recoveries']:g}; dumps: {figures['dumps']}"
           + (f" (in {figures['folder']})" if "folder" in figures else ""))
+    for note in figures["dump_notes"]:
+        print(f"  dump note: {note}")
+    print(f"thread continues the relay found: {figures['thread_continues_found']:g}, "
+          f"lost: {figures['thread_continues_lost']:g}")
 
 
 def main(argv=None) -> None:
@@ -434,6 +465,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", action="store_true", help="the SDK's tool runner with relay-held threads")
     parser.add_argument("--failover", choices=("same-account", "other-account"),
                         help="a 429 on the strict upstream's key from the middle of the session on")
+    parser.add_argument("--bad-client", action="store_true",
+                        help="the client edits an old turn (a tool result) in the middle of the session")
     parser.add_argument("--thinking-binding-recovery", default="drop_block", choices=("drop_block", "off"))
     parser.add_argument("--time-limit", type=float, default=900.0, help="seconds; the session stops after them")
     parser.add_argument("--seed", type=int, default=7)
@@ -442,7 +475,8 @@ def main(argv=None) -> None:
     async def body(reactor):
         figures = await run_session(
             reactor, turns=options.turns, every=options.every, threads=options.threads, failover=options.failover,
-            recovery=options.thinking_binding_recovery, time_limit=options.time_limit, seed=options.seed)
+            recovery=options.thinking_binding_recovery, time_limit=options.time_limit, seed=options.seed,
+            bad_client=options.bad_client)
         print_figures(figures)
 
     task.react(lambda reactor: defer.ensureDeferred(body(reactor)))
