@@ -343,7 +343,9 @@ async def run_session(reactor, *, turns: int = 300, every: int = 3, threads: boo
         f.write(CONFIG.format(dumps=dumps, recovery=recovery, kimi=urls["kimi"], strict=urls["strict"],
                               own=KIMI_OWN, keys=keys))
     port = free_port()
-    relay = Relay(read_settings({"listen": ["tcp:%d:interface=127.0.0.1" % (port,)]}, config_file), reactor)
+    config = read_settings({"listen": ["tcp:%d:interface=127.0.0.1" % (port,)]}, config_file)
+    # Nothing is in flight when the session ends: stop at once rather than after twistd's drain delay.
+    relay = Relay(config.with_changes(drain_delay=0.0), reactor)
     relay.service.privilegedStartService()
     relay.service.startService()
     label_of = {KEYS[label][0]: label for label in KEYS}
@@ -364,11 +366,11 @@ async def run_session(reactor, *, turns: int = 300, every: int = 3, threads: boo
         else:
             done = await deferToThread(plain_session, "http://127.0.0.1:%d" % (port,), turns, every,
                                        started + time_limit, between, turns // 2 if bad_client else None)
+        seconds = time.monotonic() - started
     finally:
         await relay.service.stopService()
         for listening in ports.values():
             await listening.stopListening()
-    seconds = time.monotonic() - started
     registry = relay.metrics.registry
     counters = {
         "moves_same_account": registry.get_sample_value(
