@@ -454,8 +454,8 @@ def print_figures(figures: dict) -> None:
           f"other account {figures['moves_other_account']:g}; "
           f"relay_binding_recoveries_total: {figures['binding_recoveries']:g}; dumps: {figures['dumps']}"
           + (f" (in {figures['folder']})" if "folder" in figures else ""))
-    for note in figures["dump_notes"]:
-        print(f"  dump note: {note}")
+    for note, count in Counter(figures["dump_notes"]).items():
+        print(f"  {count} dump(s) with the note: {note}")
     print(f"thread continues the relay found: {figures['thread_continues_found']:g}, "
           f"lost: {figures['thread_continues_lost']:g}")
 
