@@ -15,10 +15,12 @@ gets the upstream's 400 with it off).
 
 from __future__ import annotations
 
-from twisted.internet import reactor
-from twisted.trial.unittest import SkipTest, TestCase
+from types import SimpleNamespace
 
-from bench.todays_api_session import run_session
+from twisted.internet import reactor
+from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
+
+from bench.todays_api_session import Turn, own_thinking_back, run_session
 
 try:
     import anthropic
@@ -119,3 +121,18 @@ class TodaysAPISessionTests(TestCase):
         self.assertEqual(figures["binding_recoveries"], 0)
         self.assertEqual(figures["dump_notes"], [None, None, None])
         self.assertEqual(figures["strict"]["requests"], 6)
+
+
+class OwnThinkingBackTests(SynchronousTestCase):
+    """The bench's check that an upstream got its own thinking back finds a block left out."""
+
+    def test_block_left_out(self) -> None:
+        def request(*signatures):
+            content = [{"type": "thinking", "thinking": "", "signature": s} for s in signatures]
+            return SimpleNamespace(path="/v1/messages", body={"messages": [{"role": "assistant", "content": content}]})
+
+        upstream = SimpleNamespace(requests=[request(), request("s0"), request("s1"), request("s0", "s1", "s2")])
+        done = [Turn(n, "strict", False, thinking=[("strict", "s%d" % (n,)), ("kimi", "k")], received={"strict": n + 1})
+                for n in range(4)]
+        self.assertEqual(own_thinking_back("strict", upstream, done), {
+            "turns": 4, "turns_missing_own_thinking": 1, "own_blocks_missing": 1, "own_blocks_made": 4})
