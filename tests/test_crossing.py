@@ -549,3 +549,28 @@ class ThinkingRegimeTests(SynchronousTestCase):
             t = translate_request(body, rules)
             self.assertFalse(t.thinking_disabled)
             self.assertEqual(t.upstream_body["thinking"], manual)
+
+    def test_loop_behind_a_message_left_out(self):
+        """
+        When the client's final assistant message held only another
+        upstream's thinking (a max_tokens stop), it is left out, and the
+        upstream's final assistant message is the one before it: a manual
+        tool loop still open there goes without ``thinking``.
+        """
+        manual = {"type": "enabled", "budget_tokens": 1024}
+        body = {"model": "m", "max_tokens": 64, "thinking": manual, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "t", "signature": mark_signature("anthropic", "SIG")}]},
+            {"role": "user", "content": [{"type": "text", "text": "go on"}]},
+        ]}
+        t = translate_request(body, self.K)
+        self.assertEqual([m["role"] for m in t.upstream_body["messages"]], ["user", "assistant", "user", "user"])
+        self.assertTrue(t.thinking_disabled)
+        self.assertNotIn("thinking", t.upstream_body)
+        # at its maker the final assistant message is its own thinking, and the loop is closed
+        home = translate_request(body, self.A)
+        self.assertFalse(home.thinking_disabled)
+        self.assertEqual(home.upstream_body["thinking"], manual)

@@ -213,20 +213,27 @@ def _starts_with_thinking(content: Any) -> bool:
 
 def _tool_loop_without_thinking(messages: list, rewritten: list[tuple], crossing: bool) -> bool:
     """
-    Whether the final assistant message, followed by tool results, does not
-    start with a thinking block once other upstreams' thinking is left out:
-    because a block was left out, or (``crossing``: the conversation may have
-    been elsewhere) whatever the reason.
+    Whether the final assistant message the upstream gets, followed by tool
+    results, does not start with a thinking block once other upstreams'
+    thinking is left out: because a block was left out, or (``crossing``: the
+    conversation may have been elsewhere) whatever the reason. An assistant
+    message left out whole is not the upstream's final one: the one before
+    it is.
     """
-    last = None
+    changed = {mi: c for mi, _, c in rewritten}
+    last = content = None
     for mi in range(len(messages) - 1, -1, -1):
         message = messages[mi]
         if isinstance(message, dict) and message.get("role") == "assistant":
+            content = changed.get(mi)
+            if content is not None and not content and message.get("content"):
+                # left out whole (it held only other upstreams' thinking):
+                # the upstream's final assistant message is an earlier one
+                continue
             last = mi
             break
     if last is None:
         return False
-    content = next((c for mi, _, c in rewritten if mi == last), None)
     if content is None:
         content = messages[last].get("content")
     elif not crossing and not _starts_with_thinking(messages[last].get("content")):
