@@ -12,8 +12,8 @@ maker (a conversation that can cross upstreams).
 Thinking marks: :func:`mark_signature` puts the maker's name in front of a
 thinking block's signature on its way to the client, :func:`read_mark` reads
 it back on the way up; :func:`_tool_loop_without_thinking` is Anthropic's
-rule for a tool loop whose thinking was left out (``docs/id-translation.md``,
-invariant 12).
+rule, under manual thinking only (:data:`MANUAL_THINKING`), for a tool loop
+whose thinking was left out (``docs/id-translation.md``, invariant 12).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ class UpstreamRules:
         the thinking blocks of this upstream's answers with ``name``, so that
         later requests send them to this upstream only; and send a tool loop
         whose final assistant message does not start with thinking without
-        ``thinking`` (``docs/id-translation.md``, invariant 12).
+        ``thinking`` when the request asks for manual thinking
+        (``docs/id-translation.md``, invariant 12).
     :raises ValueError: for an unknown policy, a pattern that does not
         compile, or an ``id_pattern`` that refuses the encoded ids.
     """
@@ -189,9 +190,19 @@ def read_mark(value: str) -> tuple[str, str] | None:
     return unquote(name), signature
 
 
-def _thinking_on(body: dict) -> bool:
+#: The one ``thinking.type`` under which Anthropic requires a tool loop's final
+#: assistant message to start with a thinking block: manual (extended)
+#: thinking. Adaptive thinking (``{"type": "adaptive"}``, or ``thinking``
+#: left out, which means adaptive on current models), ``between_tools`` and
+#: any type the relay does not know have no such rule, and the relay never
+#: touches them.
+MANUAL_THINKING = "enabled"
+
+
+def _manual_thinking(body: dict) -> bool:
+    """Whether ``body`` asks for manual thinking: ``{"type": "enabled", ...}``."""
     thinking = body.get("thinking")
-    return isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled")
+    return isinstance(thinking, dict) and thinking.get("type") == MANUAL_THINKING
 
 
 def _starts_with_thinking(content: Any) -> bool:
@@ -202,20 +213,27 @@ def _starts_with_thinking(content: Any) -> bool:
 
 def _tool_loop_without_thinking(messages: list, rewritten: list[tuple], crossing: bool) -> bool:
     """
-    Whether the final assistant message, followed by tool results, does not
-    start with a thinking block once other upstreams' thinking is left out:
-    because a block was left out, or (``crossing``: the conversation may have
-    been elsewhere) whatever the reason.
+    Whether the final assistant message the upstream gets, followed by tool
+    results, does not start with a thinking block once other upstreams'
+    thinking is left out: because a block was left out, or (``crossing``: the
+    conversation may have been elsewhere) whatever the reason. An assistant
+    message left out whole is not the upstream's final one: the one before
+    it is.
     """
-    last = None
+    changed = {mi: c for mi, _, c in rewritten}
+    last = content = None
     for mi in range(len(messages) - 1, -1, -1):
         message = messages[mi]
         if isinstance(message, dict) and message.get("role") == "assistant":
+            content = changed.get(mi)
+            if content is not None and not content and message.get("content"):
+                # left out whole (it held only other upstreams' thinking):
+                # the upstream's final assistant message is an earlier one
+                continue
             last = mi
             break
     if last is None:
         return False
-    content = next((c for mi, _, c in rewritten if mi == last), None)
     if content is None:
         content = messages[last].get("content")
     elif not crossing and not _starts_with_thinking(messages[last].get("content")):

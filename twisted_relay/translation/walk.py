@@ -42,7 +42,7 @@ from twisted_relay.translation.rules import (
     THINKING_MARK,
     UNIQUE,
     UpstreamRules,
-    _thinking_on,
+    _manual_thinking,
     _tool_loop_without_thinking,
     mark_signature,
     read_mark,
@@ -568,13 +568,15 @@ def translate_request(body: dict, policy: str | UpstreamRules = UNIQUE) -> Reque
         return RequestTranslation(rules.policy, body, False, history, [])
     rows, rewritten = _walk(messages, history)
     crossing = rules.mark_thinking
-    if (crossing or history.thinking) and _thinking_on(body) and _tool_loop_without_thinking(
+    if (crossing or history.thinking) and _manual_thinking(body) and _tool_loop_without_thinking(
         messages, rewritten, crossing
     ):
-        # Anthropic's rule: with thinking on, the final assistant message of
-        # a tool loop starts with a thinking block. Its block was another
-        # upstream's (or it had none), so this one request goes without
-        # thinking (docs/id-translation.md, invariant 12).
+        # Anthropic's rule, for manual thinking only: the final assistant
+        # message of a tool loop starts with a thinking block. Its block was
+        # another upstream's (or it had none), so this one request goes
+        # without thinking: the one field deleted, nothing put in its place
+        # (docs/id-translation.md, invariant 12). Adaptive, between_tools and
+        # unknown thinking have no such rule and are never touched.
         new_body = _rewritten_body(body, messages, rewritten) if rewritten else dict(body)
         del new_body["thinking"]
         return RequestTranslation(rules.policy, new_body, True, history, rows, True)
