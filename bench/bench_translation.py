@@ -2,8 +2,10 @@
 Benchmark of the tool-use id translation core.
 
 Measures the inbound translation of a request against its history length
-(clean histories and histories with collisions, both policies) and the cost
-of one response decision (``ResponseTranslator.translate_block``). Run it
+(clean histories and histories with collisions, both policies; and a
+conversation that crosses two upstreams, with marked thinking, under
+adaptive and manual thinking) and the cost of one response decision
+(``ResponseTranslator.translate_block``). Run it
 from the work tree's root::
 
     python bench/bench_translation.py
@@ -21,7 +23,14 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from twisted_relay.translation import ORIGINAL, POLICIES, UNIQUE, translate_request  # noqa: E402
+from twisted_relay.translation import (  # noqa: E402
+    ORIGINAL,
+    POLICIES,
+    UNIQUE,
+    UpstreamRules,
+    mark_signature,
+    translate_request,
+)
 
 TURNS = (100, 1_000, 5_000, 10_000)
 BUDGET_SECONDS = 1.0  # per measurement: repeat until spent, take the best run
@@ -83,6 +92,44 @@ def bench_requests() -> None:
                     elapsed * 1e3, elapsed * 1e6 / turns, with_table * 1e3, t.changed))
 
 
+def crossing_history(turns: int, thinking: dict) -> dict:
+    """
+    One tool loop that moves every 3 turns between two upstreams, each answer
+    a marked thinking block and a ``tool_use`` (Kimi-style ids at one of them).
+    """
+    messages = [{"role": "user", "content": "work"}]
+    for n in range(turns):
+        maker = ("strict", "kimi")[n // 3 % 2]
+        tool_id = "functions.Bash:%d" % (n % 2) if maker == "kimi" else "toolu_01%020d" % n
+        if maker == "kimi" and n >= 2:
+            tool_id += "-%d" % (n // 2)
+        messages.append({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "", "signature": mark_signature(maker, "EqQBCkgIBRABGAIiQL%d" % n)},
+            {"type": "tool_use", "id": tool_id, "name": "Bash", "input": {"command": "ls -la"}},
+        ]})
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": tool_id, "content": "total 0"},
+        ]})
+    return {"model": "m", "max_tokens": 1024, "thinking": thinking, "messages": messages}
+
+
+def bench_crossing() -> None:
+    print()
+    print("crossing: translate_request(body, rules) for one of two upstreams, marked thinking")
+    print("%-9s %-10s %7s %10s %12s %9s" % ("to", "thinking", "turns", "ms", "us/turn", "disabled"))
+    rules = {"strict": UpstreamRules("strict", UNIQUE, mark_thinking=True),
+             "kimi": UpstreamRules("kimi", ORIGINAL, own_ids=r"^functions\.[A-Za-z]+:[0-9]+$", mark_thinking=True)}
+    for name in ("strict", "kimi"):
+        for label, thinking in (("adaptive", {"type": "adaptive"}), ("manual", {"type": "enabled", "budget_tokens": 1024})):
+            for turns in (1_000, 10_000):
+                body = crossing_history(turns, thinking)
+                t = translate_request(body, rules[name])
+                gc.collect()
+                elapsed, _ = best_of(lambda body=body, r=rules[name]: translate_request(body, r), budget=0.5)
+                print("%-9s %-10s %7d %10.2f %12.2f %9s" % (
+                    name, label, turns, elapsed * 1e3, elapsed * 1e6 / turns, t.thinking_disabled))
+
+
 def bench_decisions() -> None:
     print()
     print("response: one translate_block decision on a 10,000-turn history, best mean over batches")
@@ -126,6 +173,7 @@ def main() -> None:
     started = time.perf_counter()
     print("python %s" % sys.version.split()[0])
     bench_requests()
+    bench_crossing()
     bench_decisions()
     print()
     print("total %.1f s" % (time.perf_counter() - started))

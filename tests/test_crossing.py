@@ -401,3 +401,176 @@ class ThinkingTests(SynchronousTestCase):
         gate.dataReceived(THINKING_STREAM)
         gate.connectionLost(_done())
         self.assertEqual(sink.value(), THINKING_STREAM)
+
+
+class ThinkingRegimeTests(SynchronousTestCase):
+    """
+    Invariant 12 by regime: the tool-loop rule is manual thinking's only;
+    adaptive, ``between_tools`` and unknown thinking are never touched, and
+    the relay never touches sampling parameters or ``tool_choice``.
+    """
+
+    A = UpstreamRules(name="anthropic", policy=UNIQUE, mark_thinking=True)
+    K = UpstreamRules(name="kimi", policy=ORIGINAL, own_ids=KIMI, mark_thinking=True)
+    UNTOUCHED = (
+        {"type": "adaptive"},
+        {"type": "adaptive", "display": "summarized"},
+        {"type": "between_tools"},
+        {"type": "deliberate", "depth": 3},
+        {"mode": "on"},
+        "adaptive",
+        None,
+    )
+
+    def crossing_loop(self, thinking) -> dict:
+        """A tool loop whose final assistant message starts with the strict upstream's thinking."""
+        body = {"model": "m", "max_tokens": 64, "temperature": 0.3, "top_p": 0.9, "top_k": 5,
+                "tool_choice": {"type": "auto"}, "output_config": {"effort": "high"},
+                "messages": [{"role": "user", "content": "hi"}]}
+        if thinking is not None:
+            body["thinking"] = thinking
+        body["messages"] += [
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "t", "signature": mark_signature("anthropic", "SIG")},
+                {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]},
+        ]
+        return body
+
+    def test_adaptive_and_unknown_never_touched(self):
+        """
+        Adaptive (explicit or left out), ``between_tools`` and any thinking
+        the relay does not know keep ``thinking`` exactly as sent in a tool
+        loop whose thinking was left out; nothing else at the top level moves.
+        """
+        for thinking in self.UNTOUCHED:
+            body = self.crossing_loop(thinking)
+            sent = json.loads(json.dumps(body))
+            t = translate_request(body, self.K)
+            self.assertFalse(t.thinking_disabled, thinking)
+            self.assertFalse(t.table.thinking_disabled)
+            up = t.upstream_body
+            self.assertEqual({k: v for k, v in up.items() if k != "messages"},
+                             {k: v for k, v in sent.items() if k != "messages"}, thinking)
+            self.assertEqual(up["messages"][1]["content"], [sent["messages"][1]["content"][1]])
+            self.assertEqual(body, sent, "the client's body was mutated")
+
+    def test_manual_loses_only_thinking(self):
+        """
+        Manual thinking in the same loop goes without ``thinking`` and
+        nothing else: the messages are those adaptive gets, and sampling
+        parameters, ``tool_choice`` and every other field are as sent.
+        """
+        manual = self.crossing_loop({"type": "enabled", "budget_tokens": 1024})
+        t = translate_request(manual, self.K)
+        self.assertTrue(t.thinking_disabled)
+        expected = {k: v for k, v in manual.items() if k not in ("thinking", "messages")}
+        self.assertEqual({k: v for k, v in t.upstream_body.items() if k != "messages"}, expected)
+        adaptive = translate_request(self.crossing_loop({"type": "adaptive"}), self.K)
+        self.assertEqual(t.upstream_body["messages"], adaptive.upstream_body["messages"])
+        # its maker gets the loop whole, with thinking
+        self.assertEqual(translate_request(manual, self.A).upstream_body["thinking"], manual["thinking"])
+
+    def test_manual_without_marks_untouched(self):
+        """Without a crossing (no marks, rules that do not mark), manual thinking is left alone too."""
+        body = self.crossing_loop({"type": "enabled", "budget_tokens": 1024})
+        body["messages"][1]["content"][0]["signature"] = "SIG"
+        for rules in (UpstreamRules(), UpstreamRules(policy=ORIGINAL)):
+            self.assertIs(translate_request(body, rules).upstream_body, body)
+
+    def session(self, thinking, turns: int = 120, every: int = 3) -> dict:
+        """
+        A perpetual agent loop alternating every ``every`` turns between the
+        strict and the Kimi-style upstream, each thinking whenever its
+        request carries thinking (or, adaptive, leaves it out), as the issue
+        measured; per upstream, how many answers thought and how many of its
+        own thinking blocks each request carried back.
+        """
+        messages = [{"role": "user", "content": "work"}]
+        stats = {"answers": 0, "thought": 0, "kept": 0, "own": 0, "disabled": 0}
+        for n in range(turns):
+            rules = (self.A, self.K)[n // every % 2]
+            body = {"model": "m", "max_tokens": 64, "messages": messages}
+            if thinking is not None:
+                body["thinking"] = thinking
+            t = translate_request(body, rules)
+            up = t.upstream_body
+            stats["disabled"] += t.thinking_disabled
+            own = sum(1 for e in t.table.thinking if e.maker == rules.name)
+            carried = sum(1 for m in up["messages"] if isinstance(m["content"], list)
+                          for b in m["content"] if b["type"] == "thinking")
+            self.assertEqual(carried, own, "an upstream got thinking not its own")
+            stats["own"] += own
+            stats["kept"] += carried
+            # a model of today thinks adaptively when ``thinking`` is left
+            # out; one of manual thinking does not think without it
+            left_out = {"type": "adaptive" if thinking is None else "disabled"}
+            think = up.get("thinking", left_out)["type"] in ("adaptive", "enabled")
+            blocks = [{"type": "thinking", "thinking": f"{n}", "signature": f"S{n}"}] if think else []
+            tool_id = f"functions.Bash:{n % 2}" if rules is self.K else f"toolu_{n}"
+            blocks.append({"type": "tool_use", "id": tool_id, "name": "Bash", "input": {}})
+            message = {"role": "assistant", "content": blocks}
+            t.response().translate_message(message)
+            stats["answers"] += 1
+            stats["thought"] += think
+            messages = messages + [message, {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": message["content"][-1]["id"], "content": "ok"}]}]
+        return stats
+
+    def test_adaptive_session_keeps_thinking(self):
+        """
+        The issue's measurement: 120 turns of one tool loop, alternating
+        every 3 turns. Adaptive (explicit or left out): every answer thinks
+        and every request carries back all of its upstream's own thinking.
+        """
+        for thinking in ({"type": "adaptive"}, None):
+            stats = self.session(thinking)
+            self.assertEqual(stats["disabled"], 0)
+            self.assertEqual(stats["thought"], stats["answers"])
+            # turn n carries back every earlier block of its upstream
+            self.assertEqual(stats["own"], sum(n // 6 * 3 + (n % 6 if n % 6 < 3 else n % 6 - 3)
+                                               for n in range(120)))
+
+    def test_manual_thinking_comes_back_when_the_loop_closes(self):
+        """
+        Manual thinking in the same loop is deleted from the first switch on
+        (Anthropic's rule for one assistant turn), and comes back with the
+        first request whose loop is closed by a plain user turn, at either
+        upstream.
+        """
+        manual = {"type": "enabled", "budget_tokens": 1024}
+        stats = self.session(manual, turns=12)
+        self.assertEqual(stats["thought"], 3)
+        self.assertEqual(stats["disabled"], 9)
+        body = self.crossing_loop(manual)
+        body["messages"] += [{"role": "assistant", "content": [{"type": "text", "text": "done"}]},
+                             {"role": "user", "content": [{"type": "text", "text": "next task"}]}]
+        for rules in (self.A, self.K):
+            t = translate_request(body, rules)
+            self.assertFalse(t.thinking_disabled)
+            self.assertEqual(t.upstream_body["thinking"], manual)
+
+    def test_loop_behind_a_message_left_out(self):
+        """
+        When the client's final assistant message held only another
+        upstream's thinking (a max_tokens stop), it is left out, and the
+        upstream's final assistant message is the one before it: a manual
+        tool loop still open there goes without ``thinking``.
+        """
+        manual = {"type": "enabled", "budget_tokens": 1024}
+        body = {"model": "m", "max_tokens": 64, "thinking": manual, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "t", "signature": mark_signature("anthropic", "SIG")}]},
+            {"role": "user", "content": [{"type": "text", "text": "go on"}]},
+        ]}
+        t = translate_request(body, self.K)
+        self.assertEqual([m["role"] for m in t.upstream_body["messages"]], ["user", "assistant", "user", "user"])
+        self.assertTrue(t.thinking_disabled)
+        self.assertNotIn("thinking", t.upstream_body)
+        # at its maker the final assistant message is its own thinking, and the loop is closed
+        home = translate_request(body, self.A)
+        self.assertFalse(home.thinking_disabled)
+        self.assertEqual(home.upstream_body["thinking"], manual)

@@ -4,7 +4,7 @@ rules (``docs/id-translation.md``, invariants 8-12).
 
 Hypothesis draws two or three upstreams and a 30+ turn script: which upstream
 answers each turn (the conversation moves every few turns), whether thinking
-is on, and what each answer holds. Three model upstreams, written here
+is off, manual or adaptive, and what each answer holds. Three model upstreams, written here
 independently of the code under test, each check every request they are sent
 the way their real counterparts would, and answer it:
 
@@ -98,7 +98,7 @@ def walk(messages: list) -> tuple[list, list]:
 class Crossing:
     """One generated conversation, checked on every turn."""
 
-    def __init__(self, case: SynchronousTestCase, models: list, thinking: bool) -> None:
+    def __init__(self, case: SynchronousTestCase, models: list, thinking: str | None) -> None:
         self.case = case
         self.models = models
         self.thinking = thinking
@@ -120,8 +120,10 @@ class Crossing:
 
     def body(self) -> dict:
         body = {"model": "m", "max_tokens": 64, "messages": self.messages}
-        if self.thinking:
+        if self.thinking == "enabled":
             body["thinking"] = {"type": "enabled", "budget_tokens": 1024}
+        elif self.thinking is not None:
+            body["thinking"] = {"type": self.thinking}
         return body
 
     def turn(self, model: Model, number: int, items: list, flags: int) -> None:
@@ -140,6 +142,12 @@ class Crossing:
         self.minted += len(table.minted)
         self.left_out += sum(1 for e in table.thinking if not e.sent)
         self.disabled += t.thinking_disabled
+        # the relay touches nothing outside messages, and thinking only when manual
+        outside = {k: v for k, v in body.items() if k != "messages"}
+        if t.thinking_disabled:
+            case.assertEqual(self.thinking, "enabled", "thinking other than manual was deleted")
+            del outside["thinking"]
+        case.assertEqual({k: v for k, v in upstream.items() if k != "messages"}, outside)
 
         # the upstream-bound history is byte-stable while the conversation stays
         messages_json = ujson.dumps(upstream["messages"])
@@ -200,9 +208,9 @@ class Crossing:
                     case.assertEqual(value, sign(model.secret, text), f"Invalid signature in thinking block at {name}")
                     seen += 1
         case.assertEqual(seen, self.thinking_by.get(name, 0), "thinking kept from its maker")
-        # Anthropic's rule: with thinking on, a tool loop's final assistant
-        # message starts with a thinking block
-        if model.tool_loop_rule and "thinking" in upstream:
+        # Anthropic's rule: with manual thinking, a tool loop's final
+        # assistant message starts with a thinking block
+        if model.tool_loop_rule and upstream.get("thinking", {}).get("type") == "enabled":
             last = max(i for i, m in enumerate(messages) if m["role"] == "assistant") if any(
                 m["role"] == "assistant" for m in messages) else None
             tail = messages[last + 1:] if last is not None else []
@@ -352,8 +360,9 @@ class CrossingTests(SynchronousTestCase):
     """Conversations that move between upstreams every few turns."""
 
     @settings(max_examples=25, **SETTINGS)
-    @given(order=st.permutations(sorted(MODELS)), thinking=st.booleans(), script=scripts)
-    def test_three_upstreams(self, order: list, thinking: bool, script: list) -> None:
+    @given(order=st.permutations(sorted(MODELS)), thinking=st.sampled_from([None, "enabled", "adaptive"]),
+           script=scripts)
+    def test_three_upstreams(self, order: list, thinking: str | None, script: list) -> None:
         """
         Between all three upstreams, every request is valid where it goes,
         the client never sees an id twice, every reference resolves, and each
@@ -364,8 +373,8 @@ class CrossingTests(SynchronousTestCase):
 
     @settings(max_examples=25, **SETTINGS)
     @given(pair=st.sampled_from([("strict", "kimi"), ("kimi", "blank"), ("blank", "strict")]),
-           thinking=st.booleans(), script=scripts)
-    def test_two_upstreams(self, pair: tuple, thinking: bool, script: list) -> None:
+           thinking=st.sampled_from([None, "enabled", "adaptive"]), script=scripts)
+    def test_two_upstreams(self, pair: tuple, thinking: str | None, script: list) -> None:
         """The same between two upstreams of different rules."""
         Crossing(self, [MODELS[name] for name in pair], thinking).run(script)
 
@@ -374,7 +383,7 @@ class CrossingTests(SynchronousTestCase):
         A fixed long session meets every rule at least once: encodings,
         minted ids, thinking left out, and a tool loop sent without thinking.
         """
-        conversation = Crossing(self, [MODELS["strict"], MODELS["kimi"], MODELS["blank"]], True)
+        conversation = Crossing(self, [MODELS["strict"], MODELS["kimi"], MODELS["blank"]], "enabled")
         script = [(4 if n % 3 == 0 else 1, [(TOOL, n), (SERVER, n), (TOOL, n + 1), (HISTORY_RESULT, n)], n)
                   for n in range(40)]
         conversation.run(script)
@@ -383,3 +392,16 @@ class CrossingTests(SynchronousTestCase):
         self.assertGreater(conversation.minted, 0)
         self.assertGreater(conversation.left_out, 0)
         self.assertGreater(conversation.disabled, 0)
+
+    def test_adaptive_never_goes_without_thinking(self) -> None:
+        """
+        The same long session with adaptive thinking: thinking is left out
+        where it is another upstream's, and no request ever goes without
+        ``thinking``.
+        """
+        conversation = Crossing(self, [MODELS["strict"], MODELS["kimi"], MODELS["blank"]], "adaptive")
+        script = [(4 if n % 3 == 0 else 1, [(TOOL, n), (SERVER, n), (TOOL, n + 1), (HISTORY_RESULT, n)], n)
+                  for n in range(40)]
+        conversation.run(script)
+        self.assertGreater(conversation.left_out, 0)
+        self.assertEqual(conversation.disabled, 0)

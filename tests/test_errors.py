@@ -9,7 +9,7 @@ import json
 from twisted.trial.unittest import SynchronousTestCase
 
 from twisted_relay.errors import RelayError
-from twisted_relay.sse import parse_event
+from twisted_relay.sse_events import parse_event
 
 
 class RelayErrorTests(SynchronousTestCase):

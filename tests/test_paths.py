@@ -73,7 +73,7 @@ class PathEscapeTests(FaultTestCase):
 
 
 class NonUtf8PathTests(FaultTestCase):
-    """A path that is not UTF-8 gets the relay's own error answer."""
+    """A path or a Host header that is not UTF-8 gets the relay's own error answer."""
 
     async def test_non_utf8_path_refused(self):
         """
@@ -90,6 +90,22 @@ class NonUtf8PathTests(FaultTestCase):
         body = ujson.loads(response.body)
         self.assertEqual(body["error"]["type"], "invalid_request_error")
         self.assertEqual(body["request_id"].encode("ascii"), response.header(b"x-relay-request-id"))
+        self.assertEqual(self.upstream.request_count, 0)
+        await self.assert_clean()
+
+    async def test_non_utf8_host_refused(self):
+        """
+        A Host header that is not UTF-8 (which Klein cannot make a URL of)
+        gets an Anthropic-shaped 400, not Klein's HTML page and a traceback.
+        """
+        self.start_relay()
+        client = self.raw(b"GET /v1/models HTTP/1.1\r\nHost: \x80\r\nConnection: close\r\n\r\n")
+        response = parse_response(await client.done)
+        self.assertEqual(response.status, 400)
+        self.assertEqual(response.header(b"content-type"), b"application/json")
+        body = ujson.loads(response.body)
+        self.assertEqual(body["error"]["type"], "invalid_request_error")
+        self.assertIn("Host", body["error"]["message"])
         self.assertEqual(self.upstream.request_count, 0)
         await self.assert_clean()
 

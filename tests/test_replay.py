@@ -16,7 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from twisted_relay.dumps import DumpWriter, load_dump
+from twisted_relay.dumps import DumpRequest, DumpWriter, load_dump
 from twisted_relay.redact import REDACTED
 from twisted_relay.replay import differences, main
 from twisted_relay.translation import TranslationTable
@@ -39,7 +39,7 @@ class _DumpMixin:
         writer = DumpWriter(self.mktemp(), reactor=reactor, secrets=(UPSTREAM_KEY,), settings=SETTINGS)
         writer.startService()
         try:
-            path = yield writer.submit(**exchange(**kwargs))
+            path = yield writer.submit(DumpRequest(**exchange(**kwargs)))
         finally:
             yield writer.stopService()
         return path

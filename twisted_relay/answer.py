@@ -34,6 +34,7 @@ __all__ = [
     "SHOULD_RETRY_HEADER",
     "Answer",
     "Exchange",
+    "JSON_CONTENT_TYPE",
     "clear_headers",
     "error_answer",
     "new_request_id",
@@ -51,7 +52,8 @@ RELAY_UPSTREAM_HEADER = b"x-relay-upstream"
 #: The header that tells a client whether to retry an error (the SDKs obey it).
 SHOULD_RETRY_HEADER = b"x-should-retry"
 
-_JSON = b"application/json"
+#: The content type of the JSON answers the relay makes itself.
+JSON_CONTENT_TYPE = b"application/json"
 # Error types an upstream puts in a mid-stream ``error`` event that mean the
 # request itself was refused, as a 4xx would: those are dumped too.
 _CLIENT_ERROR_TYPES = frozenset(
@@ -97,7 +99,7 @@ def error_answer(request, error: RelayError, request_id: str | None = None) -> b
     a request without an id yet (``request_id`` ``None``) is given one.
     """
     request.setResponseCode(error.status)
-    request.setHeader(b"content-type", _JSON)
+    request.setHeader(b"content-type", JSON_CONTENT_TYPE)
     request.setHeader(SHOULD_RETRY_HEADER, error.retry_header())
     if request_id is None:
         request_id = new_request_id()

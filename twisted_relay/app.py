@@ -24,7 +24,13 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from twisted_relay._json import to_json
 from twisted_relay._version import __version__
-from twisted_relay.answer import RELAY_REQUEST_ID_HEADER, RELAY_UPSTREAM_HEADER, error_answer, stamp_request_id
+from twisted_relay.answer import (
+    JSON_CONTENT_TYPE,
+    RELAY_REQUEST_ID_HEADER,
+    RELAY_UPSTREAM_HEADER,
+    error_answer,
+    stamp_request_id,
+)
 from twisted_relay.config import RelayConfig
 from twisted_relay.drain import InFlight
 from twisted_relay.errors import RelayError
@@ -44,15 +50,12 @@ from twisted_relay.upstream import UpstreamClient, UpstreamClients
 
 __all__ = ["RelayApp", "RELAY_REQUEST_ID_HEADER", "RELAY_UPSTREAM_HEADER"]
 
-_JSON = b"application/json"
-
-
 class RelayApp:
     """
     The Messages relay as a Klein application.
 
     :param config: the relay's settings.
-    :param client: the upstream clients, one per upstream of ``config``
+    :param clients: the upstream clients, one per upstream of ``config``
         (:class:`~twisted_relay.upstream.UpstreamClients`, or any mapping
         from upstream name to :class:`~twisted_relay.upstream.UpstreamClient`).
     :param reactor: the reactor, for timers.
@@ -74,7 +77,7 @@ class RelayApp:
     def __init__(
         self,
         config: RelayConfig,
-        client: UpstreamClients,
+        clients: UpstreamClients,
         *,
         reactor,
         dumps=None,
@@ -98,7 +101,7 @@ class RelayApp:
             secrets=config.secrets(),
             relay_keys=tuple(key.encode("utf-8") for key in config.relay_keys),
             router=router if router is not None else Router(config, reactor),
-            clients=client,
+            clients=clients,
             retry=RetryRule.from_config(config),
             in_flight=self.requests,
         )
@@ -162,21 +165,21 @@ class RelayApp:
     def hello(self, request):
         """Answer clients' connection-warming probes at once."""
         stamp_request_id(request)
-        request.setHeader(b"content-type", _JSON)
+        request.setHeader(b"content-type", JSON_CONTENT_TYPE)
         return b""
 
     @app.route("/health", methods=["GET"])
     def health(self, request):
         """Say that the relay process (which one: ``pid``) is up; it does not ask the upstream."""
         stamp_request_id(request)
-        request.setHeader(b"content-type", _JSON)
+        request.setHeader(b"content-type", JSON_CONTENT_TYPE)
         return to_json({"status": "ok", "version": __version__, "pid": os.getpid()})
 
     @app.route("/ready", methods=["GET"])
     def ready(self, request):
         """Say whether the relay takes new requests: not while it shuts down."""
         stamp_request_id(request)
-        request.setHeader(b"content-type", _JSON)
+        request.setHeader(b"content-type", JSON_CONTENT_TYPE)
         draining = self.requests.draining
         if draining or self._first_client().base_url is None:
             request.setResponseCode(503)
@@ -244,10 +247,14 @@ class _RelayResource(Resource):
         self._klein = klein_resource
 
     def render(self, request):
-        try:
-            b"/".join(request.prepath + request.postpath).decode("utf-8")
-        except UnicodeDecodeError:
-            return error_answer(request, RelayError(400, "The request path is not valid UTF-8."))
+        # Klein makes a URL of both: bytes that are not UTF-8 would get its
+        # HTML page and a logged traceback.
+        for what, value in (("path", b"/".join(request.prepath + request.postpath)),
+                            ("Host header", request.getRequestHostname())):
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError:
+                return error_answer(request, RelayError(400, "The request's %s is not valid UTF-8." % (what,)))
         # While draining, its connection closes once it is answered.
         self._requests.arrived(request)
         # Where the relay is mounted, for the upstream path.

@@ -18,10 +18,8 @@ from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
-from weakref import WeakKeyDictionary
 
 import ujson
-from prometheus_client import Counter
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
@@ -37,7 +35,7 @@ from twisted_relay.translation import translate_request
 from twisted_relay.upstream import read_body
 from twisted_relay.upstream_headers import upstream_request_headers
 
-__all__ = ["Attempts", "Sent", "extra_counters", "retry_after"]
+__all__ = ["Attempts", "Sent", "retry_after"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +151,10 @@ class Attempts:
         context, relayed, raw = self._context, self._relayed, self._raw
         path = self._path
         headers = upstream_request_headers(
-            relayed.request.requestHeaders, attempt.key, strip_credentials=bool(context.relay_keys)
+            relayed.request.requestHeaders,
+            attempt.key,
+            strip_credentials=bool(context.relay_keys),
+            forward_attribution=context.config.forward_attribution,
         )
         if raw is None:
             model_id = relayed.model_id
@@ -260,7 +261,7 @@ class Attempts:
         """
         context, relayed = self._context, self._relayed
         name = attempt.upstream.name
-        extra_counters(context.metrics)["recoveries"].labels(name).inc()
+        context.metrics.labelled(context.metrics.binding_recoveries, name).inc()
         note = (
             'The upstream answered that a thinking block is bound to a different conversation; the relay '
             'sent the request again to %s with thinking.block_binding.prefix_mismatch_behavior "drop_block" '
@@ -317,8 +318,8 @@ class Attempts:
         if moved is None:
             return
         home, across = moved
-        counter = extra_counters(self._context.metrics)["moves"]
-        counter.labels(attempt.upstream.name, "account" if across else "key").inc()
+        metrics = self._context.metrics
+        metrics.labelled(metrics.conversation_moves, attempt.upstream.name, "account" if across else "key").inc()
         self._context.log.warn(
             "Conversation of {relay_request_id} moved from {home} to {attempt} ({across}): "
             "{cost}",
@@ -351,36 +352,6 @@ class Attempts:
             upstream=name,
             upstream_model=attempt.model,
         )
-
-
-def extra_counters(metrics) -> dict:
-    """
-    The counters of conversation moves and thinking-binding recoveries,
-    made on ``metrics``' registry the first time they are asked for
-    (``relay_conversation_moves_total``, ``relay_binding_recoveries_total``).
-    """
-    counters = _EXTRA_COUNTERS.get(metrics)
-    if counters is None:
-        counters = _EXTRA_COUNTERS[metrics] = {
-            "moves": Counter(
-                "relay_conversation_moves",
-                "Answers from another key or upstream than their conversation's own, by upstream and "
-                "across (key: a key of the same account; account: another account or upstream).",
-                ["upstream", "across"],
-                registry=metrics.registry,
-            ),
-            "recoveries": Counter(
-                "relay_binding_recoveries",
-                'Requests sent again with prefix_mismatch_behavior "drop_block" after the upstream\'s '
-                '"bound to a different conversation" 400, by upstream.',
-                ["upstream"],
-                registry=metrics.registry,
-            ),
-        }
-    return counters
-
-
-_EXTRA_COUNTERS: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def _dropping_blocks(sent: Sent) -> Sent:

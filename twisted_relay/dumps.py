@@ -541,23 +541,17 @@ class DumpWriter(Service):
         """Remove these keys from every dump too (a reloaded configuration's)."""
         self._secrets = tuple(dict.fromkeys(self._secrets + tuple(s for s in secrets if s)))
 
-    def submit(self, request: DumpRequest | None = None, /, **fields) -> "Deferred[str | None]":
+    def submit(self, request: DumpRequest) -> "Deferred[str | None]":
         """
         Queue the dump of one refused request and return at once; call it on
-        the reactor thread. Give the :class:`DumpRequest`, or its fields as
-        keywords. It never raises: the returned Deferred fires with the
-        file's path, or ``None`` when the dump was dropped or failed, and
+        the reactor thread. It never raises: the returned Deferred fires with
+        the file's path, or ``None`` when the dump was dropped or failed, and
         never errs.
         """
         try:
-            if request is None:
-                request = DumpRequest(**fields)
             return self._queue(request)
         except Exception:
-            self.log.failure(
-                "Could not queue the dump of {relay_request_id}",
-                relay_request_id=request.relay_request_id if request is not None else fields.get("relay_request_id"),
-            )
+            self.log.failure("Could not queue the dump of {relay_request_id}", relay_request_id=request.relay_request_id)
             return succeed(None)
 
     def _queue(self, request: DumpRequest) -> "Deferred[str | None]":

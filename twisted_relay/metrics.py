@@ -269,6 +269,20 @@ class RelayMetrics:
             ["upstream"],
             registry=self.registry,
         )
+        self.conversation_moves = Counter(
+            "relay_conversation_moves",
+            "Answers from another key or upstream than their conversation's own, by upstream and "
+            "across (key: a key of the same account; account: another account or upstream).",
+            ["upstream", "across"],
+            registry=self.registry,
+        )
+        self.binding_recoveries = Counter(
+            "relay_binding_recoveries",
+            'Requests sent again with prefix_mismatch_behavior "drop_block" after the upstream\'s '
+            '"bound to a different conversation" 400, by upstream.',
+            ["upstream"],
+            registry=self.registry,
+        )
         self._router = None
         if self.multiprocess:
             # Copied from this process's router (sync).

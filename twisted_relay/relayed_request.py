@@ -47,7 +47,7 @@ from twisted_relay.model_list import model_body, model_list_body, routed_model_i
 from twisted_relay.redact import redact_text
 from twisted_relay.routing import NoRoute, RequestFacts, RetryRule, Router, route_matches
 from twisted_relay.upstream import UpstreamClients, path_escapes
-from twisted_relay.upstream_headers import attribution_of, drop_attribution
+from twisted_relay.upstream_headers import attribution_of
 
 __all__ = [
     "COUNT_TOKENS",
@@ -262,12 +262,6 @@ class RelayedRequest:
             # The facts hold the parsed body, which a request waiting on
             # the upstream must not keep.
             facts = None
-            # What the client sent, for a dump, before the attribution
-            # headers are taken out of what goes upstream.
-            client_headers = request.requestHeaders
-            if self.attribution and not context.config.forward_attribution:
-                client_headers = client_headers.copy()
-                drop_attribution(request.requestHeaders)
             # The body is handed over, not kept in this frame: the first
             # attempt drops it once serialised.
             attempts = self._attempts = Attempts(context, self, plan, path, raw, body)
@@ -280,7 +274,7 @@ class RelayedRequest:
         attempt = attempts.attempt
         exchange = Exchange(
             self.id, received_at, context.clients[attempt.upstream.name].display_url + sent.path,
-            client_headers, raw, sent.headers, sent.body, sent.translation, attempt, attempts.labels(),
+            request.requestHeaders, raw, sent.headers, sent.body, sent.translation, attempt, attempts.labels(),
             self.attribution,
         )
         answer = Answer(context, self, attempts, response, exchange)

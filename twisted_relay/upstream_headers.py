@@ -24,7 +24,6 @@ __all__ = [
     "attribution_of",
     "client_response_headers",
     "connection_tokens",
-    "drop_attribution",
     "upstream_request_headers",
 ]
 
@@ -71,6 +70,7 @@ ATTRIBUTION_HEADERS = (
     b"x-claude-code-prompt-id",
     b"x-claude-code-managed-settings-checksum",
 )
+_NOT_FORWARDED_UPSTREAM_NOR_ATTRIBUTION = _NOT_FORWARDED_UPSTREAM | frozenset(ATTRIBUTION_HEADERS)
 # The most characters of one attribution value the relay records.
 _ATTRIBUTION_CHARS = 200
 
@@ -90,12 +90,6 @@ def attribution_of(headers: Headers) -> dict[str, str]:
                 text = text[:_ATTRIBUTION_CHARS] + "...(%d chars)" % (len(text),)
             found[name.decode("ascii")] = text
     return found
-
-
-def drop_attribution(headers: Headers) -> None:
-    """Remove every attribution header from ``headers`` (in place)."""
-    for name in ATTRIBUTION_HEADERS:
-        headers.removeHeader(name)
 
 
 def _connection_tokens(headers: Headers) -> set[bytes]:
@@ -139,20 +133,26 @@ def _refuse_control_bytes(headers: Headers) -> None:
 
 
 def upstream_request_headers(
-    client_headers: Headers, upstream_key: str | None, *, strip_credentials: bool = False
+    client_headers: Headers,
+    upstream_key: str | None,
+    *,
+    strip_credentials: bool = False,
+    forward_attribution: bool = True,
 ) -> Headers:
     """
     The headers to send upstream for a client's request.
 
     Every end-to-end header passes through verbatim (``anthropic-*``,
-    ``x-claude-code-*``, ``user-agent``, ``content-type``, ...). With an
-    upstream key configured, the client's own credentials are replaced by it;
-    with ``strip_credentials`` (the client's key is a relay key) they are
-    never forwarded.
+    ``user-agent``, ``content-type``, ...). With an upstream key configured,
+    the client's own credentials are replaced by it; with
+    ``strip_credentials`` (the client's key is a relay key) they are never
+    forwarded; without ``forward_attribution``, Claude Code's attribution
+    headers (:data:`ATTRIBUTION_HEADERS`) stay with the relay.
 
     :raises RelayError: 400 for a forwarded value holding a control byte.
     """
-    headers = _copy_headers(client_headers, _NOT_FORWARDED_UPSTREAM)
+    skipped = _NOT_FORWARDED_UPSTREAM if forward_attribution else _NOT_FORWARDED_UPSTREAM_NOR_ATTRIBUTION
+    headers = _copy_headers(client_headers, skipped)
     _refuse_control_bytes(headers)
     if upstream_key or strip_credentials:
         for name in _CREDENTIALS:

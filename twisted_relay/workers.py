@@ -192,13 +192,13 @@ class _WorkerProtocol(ProcessProtocol):
         lines = (self._pending[fd] + data).split(b"\n")
         self._pending[fd] = lines.pop()
         for line in lines:
-            self._monitor._worker_said(self.name, fd, line)
+            self._monitor.worker_said(self.name, fd, line)
 
     def processEnded(self, reason) -> None:
         for fd, rest in self._pending.items():
             if rest:
-                self._monitor._worker_said(self.name, fd, rest)
-        self._monitor._worker_ended(self.name, reason)
+                self._monitor.worker_said(self.name, fd, rest)
+        self._monitor.worker_ended(self.name, reason)
 
 
 class WorkerProcesses(Service):
@@ -293,7 +293,8 @@ class WorkerProcesses(Service):
         self._pids[name] = self._processes[name].pid
         self.log.info("Started relay {relay_worker} (pid {pid})", relay_worker=name, pid=self._pids[name])
 
-    def _worker_said(self, name: str, fd: int, line: bytes) -> None:
+    def worker_said(self, name: str, fd: int, line: bytes) -> None:
+        """A line worker ``name`` wrote on ``fd`` (1: its log, 2: anything else): logged here."""
         line = line.strip(b"\r")
         if not line.strip():
             return
@@ -311,7 +312,8 @@ class WorkerProcesses(Service):
             "{relay_worker}: {line}", relay_worker=name, line=line.decode("utf-8", "replace")
         )
 
-    def _worker_ended(self, name: str, reason) -> None:
+    def worker_ended(self, name: str, reason) -> None:
+        """Worker ``name`` exited: start it again after a pause, unless the relay is stopping."""
         self._processes.pop(name, None)
         forget_process(self._pids.pop(name, None))
         kill = self._kills.pop(name, None)

@@ -46,6 +46,7 @@ from twisted_relay.translation.ids import (
 from twisted_relay.translation.rules import (
     ANTHROPIC_ID_PATTERN,
     DEFAULT_ID_PATTERN,
+    MANUAL_THINKING,
     ORIGINAL,
     POLICIES,
     THINKING_MARK,
@@ -64,6 +65,7 @@ __all__ = [
     "DEFAULT_ID_PATTERN",
     "ENCODED_PREFIX",
     "ID",
+    "MANUAL_THINKING",
     "ORIGINAL",
     "POLICIES",
     "REFERENCE",

@@ -6,7 +6,7 @@ block, and how the relay makes new ones. Pure functions, no state.
 Where ids sit: a block *declares* an id when :func:`is_declaration` (its
 ``id`` field, :data:`ID`); it *references* one in its ``tool_use_id``
 (:data:`TOOL_USE_ID`) and in its ``caller``'s ``tool_id``
-(:data:`CALLER_TOOL_ID`). :func:`_swap_references` is the one place that
+(:data:`CALLER_TOOL_ID`). :func:`swap_references` is the one place that
 reads and rewrites references, for the request walk and the response
 translator alike.
 
@@ -15,14 +15,14 @@ The occurrence suffixes (both policies):
 - A *suffix* is a separator (``-`` for ``tool_use``, ``_`` for every other
   declaration type, :func:`separator_for`) followed by ASCII digits. An id is
   a *lookalike* when stripping one or more suffixes (of either separator)
-  from its end reaches an original id already seen (:func:`_is_lookalike`).
+  from its end reaches an original id already seen (:func:`is_lookalike`).
 - The emitted id ``X`` of a new declaration collides when it is a client id
   already declared; under ``unique`` also when it is an upstream id already
   sent; under ``original`` also when it is an original already seen or a
   lookalike. A colliding ``X`` becomes ``X<sep>j``, ``j`` the smallest integer
   ``>= max(k, 2)`` whose result is free (``k``: the occurrence of ``X``;
-  :func:`_free_id`).
-- Decoding a client id ``D`` of a block with separator ``s`` (:func:`_decode`):
+  :func:`free_id`).
+- Decoding a client id ``D`` of a block with separator ``s`` (:func:`decode_declaration`):
   when ``D`` is ``S + s + digits`` and ``S`` is an original already seen or a
   lookalike, the original is ``S``; otherwise it is ``D`` itself. Because
   encoder and decoder look at the same preceding history, decoding is exact
@@ -75,7 +75,7 @@ def separator_for(block_type: str) -> str:
     return "-" if block_type == "tool_use" else "_"
 
 
-def _is_lookalike(candidate: str, originals: Any) -> bool:
+def is_lookalike(candidate: str, originals: Any) -> bool:
     """
     Whether stripping one or more suffixes from ``candidate`` reaches an
     original in ``originals``.
@@ -89,7 +89,7 @@ def _is_lookalike(candidate: str, originals: Any) -> bool:
             return True
 
 
-def _decode(client_id: str, separator: str, originals: Any) -> str:
+def decode_declaration(client_id: str, separator: str, originals: Any) -> str:
     """
     The original id of a declaration whose client id is ``client_id``, given
     the originals seen before it.
@@ -97,12 +97,12 @@ def _decode(client_id: str, separator: str, originals: Any) -> str:
     head = client_id.rstrip(_DIGITS)
     if len(head) < len(client_id) and head and head[-1] == separator:
         stem = head[:-1]
-        if stem in originals or _is_lookalike(stem, originals):
+        if stem in originals or is_lookalike(stem, originals):
             return stem
     return client_id
 
 
-def _free_id(stem: str, separator: str, start: int, taken: Any, also_taken: Any) -> tuple[str, int]:
+def free_id(stem: str, separator: str, start: int, taken: Any, also_taken: Any) -> tuple[str, int]:
     """
     The first ``stem<separator>j``, ``j >= start``, in neither ``taken`` nor
     ``also_taken``, and that ``j``. Terminates: every rejected candidate is a
@@ -116,7 +116,7 @@ def _free_id(stem: str, separator: str, start: int, taken: Any, also_taken: Any)
         j += 1
 
 
-def _swap_references(block: dict, block_type: str | None, tool_use_id: Any, caller: Any,
+def swap_references(block: dict, block_type: str | None, tool_use_id: Any, caller: Any,
                      resolve: Callable[[str | None, str, str], str], copy: bool) -> dict | None:
     """
     Put in place of each reference ``block`` carries the id ``resolve(block_type,
@@ -189,7 +189,7 @@ def minted_id(block_type: str, n: int) -> str:
     return f"toolu_relay{n}"
 
 
-def _is_minted(client_id: str, block_type: str | None, n: int) -> bool:
+def is_minted(client_id: str, block_type: str | None, n: int) -> bool:
     """Whether ``client_id`` is what the relay mints for the ``n``-th declaration."""
     minted = minted_id(block_type or "", n)
     if client_id == minted:

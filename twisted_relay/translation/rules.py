@@ -11,9 +11,9 @@ maker (a conversation that can cross upstreams).
 
 Thinking marks: :func:`mark_signature` puts the maker's name in front of a
 thinking block's signature on its way to the client, :func:`read_mark` reads
-it back on the way up; :func:`_tool_loop_without_thinking` is Anthropic's
-rule for a tool loop whose thinking was left out (``docs/id-translation.md``,
-invariant 12).
+it back on the way up; :func:`tool_loop_without_thinking` is Anthropic's
+rule, under manual thinking only (:data:`MANUAL_THINKING`), for a tool loop
+whose thinking was left out (``docs/id-translation.md``, invariant 12).
 """
 
 from __future__ import annotations
@@ -64,7 +64,11 @@ class UpstreamRules:
         the thinking blocks of this upstream's answers with ``name``, so that
         later requests send them to this upstream only; and send a tool loop
         whose final assistant message does not start with thinking without
-        ``thinking`` (``docs/id-translation.md``, invariant 12).
+        ``thinking`` when the request asks for manual thinking
+        (``docs/id-translation.md``, invariant 12).
+    :ivar accepted_ids: made from ``id_pattern``: whether an id is one the
+        upstream accepts, with a memo of those seen; ``None`` without a pattern.
+    :ivar own_match: made from ``own_ids``: its ``fullmatch``, or ``None``.
     :raises ValueError: for an unknown policy, a pattern that does not
         compile, or an ``id_pattern`` that refuses the encoded ids.
     """
@@ -74,8 +78,8 @@ class UpstreamRules:
     id_pattern: str | None = DEFAULT_ID_PATTERN
     own_ids: str | None = None
     mark_thinking: bool = False
-    _accepts: Any = field(default=None, init=False, repr=False, compare=False)
-    _own: Any = field(default=None, init=False, repr=False, compare=False)
+    accepted_ids: Any = field(default=None, init=False, repr=False, compare=False)
+    own_match: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -91,9 +95,9 @@ class UpstreamRules:
                     raise ValueError(
                         f"id pattern {pattern!r} refuses the relay's encoded ids "
                         f"(such as {encode_id(probe)!r})")
-            object.__setattr__(self, "_accepts", _AcceptedIds(compiled))
+            object.__setattr__(self, "accepted_ids", _AcceptedIds(compiled))
         if self.own_ids is not None:
-            object.__setattr__(self, "_own", _compile(self.own_ids, "own ids pattern").fullmatch)
+            object.__setattr__(self, "own_match", _compile(self.own_ids, "own ids pattern").fullmatch)
 
     def to_dict(self) -> dict[str, Any]:
         """These rules as a JSON-able dict."""
@@ -157,7 +161,7 @@ class _AcceptedIds:
         return known
 
 
-_DEFAULT_RULES = {policy: UpstreamRules(policy=policy) for policy in POLICIES}
+DEFAULT_RULES = {policy: UpstreamRules(policy=policy) for policy in POLICIES}
 
 
 # -- thinking stays with its maker --------------------------------------------
@@ -168,7 +172,7 @@ _DEFAULT_RULES = {policy: UpstreamRules(policy=policy) for policy in POLICIES}
 #: Signatures are base64; none holds a ``:``.
 THINKING_MARK = "relay:"
 #: The block types whose opaque field carries a maker's signature.
-_SIGNED_FIELDS = {"thinking": "signature", "redacted_thinking": "data"}
+SIGNED_FIELDS = {"thinking": "signature", "redacted_thinking": "data"}
 
 
 def mark_signature(name: str, signature: str) -> str:
@@ -189,33 +193,50 @@ def read_mark(value: str) -> tuple[str, str] | None:
     return unquote(name), signature
 
 
-def _thinking_on(body: dict) -> bool:
+#: The one ``thinking.type`` under which Anthropic requires a tool loop's final
+#: assistant message to start with a thinking block: manual (extended)
+#: thinking. Adaptive thinking (``{"type": "adaptive"}``, or ``thinking``
+#: left out, which means adaptive on current models), ``between_tools`` and
+#: any type the relay does not know have no such rule, and the relay never
+#: touches them.
+MANUAL_THINKING = "enabled"
+
+
+def manual_thinking(body: dict) -> bool:
+    """Whether ``body`` asks for manual thinking: ``{"type": "enabled", ...}``."""
     thinking = body.get("thinking")
-    return isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled")
+    return isinstance(thinking, dict) and thinking.get("type") == MANUAL_THINKING
 
 
 def _starts_with_thinking(content: Any) -> bool:
     if not isinstance(content, list) or not content or not isinstance(content[0], dict):
         return False
-    return content[0].get("type") in _SIGNED_FIELDS
+    return content[0].get("type") in SIGNED_FIELDS
 
 
-def _tool_loop_without_thinking(messages: list, rewritten: list[tuple], crossing: bool) -> bool:
+def tool_loop_without_thinking(messages: list, rewritten: list[tuple], crossing: bool) -> bool:
     """
-    Whether the final assistant message, followed by tool results, does not
-    start with a thinking block once other upstreams' thinking is left out:
-    because a block was left out, or (``crossing``: the conversation may have
-    been elsewhere) whatever the reason.
+    Whether the final assistant message the upstream gets, followed by tool
+    results, does not start with a thinking block once other upstreams'
+    thinking is left out: because a block was left out, or (``crossing``: the
+    conversation may have been elsewhere) whatever the reason. An assistant
+    message left out whole is not the upstream's final one: the one before
+    it is.
     """
-    last = None
+    changed = {mi: c for mi, _, c in rewritten}
+    last = content = None
     for mi in range(len(messages) - 1, -1, -1):
         message = messages[mi]
         if isinstance(message, dict) and message.get("role") == "assistant":
+            content = changed.get(mi)
+            if content is not None and not content and message.get("content"):
+                # left out whole (it held only other upstreams' thinking):
+                # the upstream's final assistant message is an earlier one
+                continue
             last = mi
             break
     if last is None:
         return False
-    content = next((c for mi, _, c in rewritten if mi == last), None)
     if content is None:
         content = messages[last].get("content")
     elif not crossing and not _starts_with_thinking(messages[last].get("content")):

@@ -3,7 +3,7 @@
 The translation table: what a request's translation did, as a plain value.
 
 The request walk writes one flat row per declaration and reference (the
-layout is ``_ROW`` below); :func:`_table_from_rows` turns those rows, when a
+layout is ``ROW`` below); :func:`table_from_rows` turns those rows, when a
 dump, a log line or ``twisted-relay-replay`` asks, into a
 :class:`TranslationTable` of :class:`Entry` and :class:`ThinkingEntry`
 values, which :meth:`TranslationTable.to_dict` and
@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from twisted_relay.translation.ids import DECLARATION, REFERENCE, _is_minted
+from twisted_relay.translation.ids import DECLARATION, REFERENCE, is_minted
 from twisted_relay.translation.rules import POLICIES, UpstreamRules
 
 _TABLE_VERSION = 1
 
 
-# A table row is _ROW consecutive items of one flat list, in this order:
+# A table row is ROW consecutive items of one flat list, in this order:
 # message index, block index, field, kind, block type, client id, upstream id,
 # original id, occurrence, pointed-at message index (-1: none), pointed-at
 # block index, repaired, encoded from (declarations and orphans; None: not
@@ -30,10 +30,10 @@ _TABLE_VERSION = 1
 # built). The walk keeps no other per-block object alive (a declaration is
 # known by the offset of its row), so it gives the cyclic garbage collector
 # nothing to traverse on a long history.
-_ROW = 13
-_UPSTREAM = 6
-_ORIGINAL = 7
-_REPAIRED = 11
+ROW = 13
+ROW_UPSTREAM = 6
+ROW_ORIGINAL = 7
+ROW_REPAIRED = 11
 
 
 @dataclass(frozen=True)
@@ -301,22 +301,22 @@ class TranslationTable:
 
 
 
-def _table_from_rows(policy: str, rows: list, rules: UpstreamRules, thinking: list[tuple],
+def table_from_rows(policy: str, rows: list, rules: UpstreamRules, thinking: list[tuple],
                      thinking_disabled: bool) -> TranslationTable:
     """
-    The :class:`TranslationTable` of a walk's flat ``rows`` (see ``_ROW``)
+    The :class:`TranslationTable` of a walk's flat ``rows`` (see ``ROW``)
     and its ``(message index, block index, maker, sent)`` thinking tuples.
     """
     entries = []
     encodings = {}
     n = 0
-    for at in range(0, len(rows), _ROW):
+    for at in range(0, len(rows), ROW):
         (mi, bi, field, kind, block_type, client_id, upstream, original, k, pmi, pbi,
-         repaired, encoded_from) = rows[at:at + _ROW]
+         repaired, encoded_from) = rows[at:at + ROW]
         minted = False
         if kind == DECLARATION:
             n += 1
-            minted = _is_minted(client_id, block_type, n)
+            minted = is_minted(client_id, block_type, n)
             encodings[(mi, bi)] = encoded_from
         elif pmi >= 0:
             encoded_from = encodings[(pmi, pbi)]

@@ -28,33 +28,33 @@ from twisted_relay.translation.ids import (
     DECLARATION,
     ID,
     REFERENCE,
-    _decode,
-    _free_id,
-    _is_lookalike,
-    _swap_references,
+    decode_declaration,
+    free_id,
+    is_lookalike,
+    swap_references,
     encode_id,
     minted_id,
 )
 from twisted_relay.translation.rules import (
-    _DEFAULT_RULES,
-    _SIGNED_FIELDS,
+    DEFAULT_RULES,
+    SIGNED_FIELDS,
     POLICIES,
     THINKING_MARK,
     UNIQUE,
     UpstreamRules,
-    _thinking_on,
-    _tool_loop_without_thinking,
+    manual_thinking,
+    tool_loop_without_thinking,
     mark_signature,
     read_mark,
 )
 from twisted_relay.translation.table import (
-    _ORIGINAL,
-    _REPAIRED,
-    _ROW,
-    _UPSTREAM,
+    ROW_ORIGINAL,
+    ROW_REPAIRED,
+    ROW,
+    ROW_UPSTREAM,
     Entry,
     TranslationTable,
-    _table_from_rows,
+    table_from_rows,
 )
 
 
@@ -111,7 +111,7 @@ class _History:
         otherwise).
     :ivar upstream_to_client: upstream id (as sent, encoded or not) -> client
         id of the most recent declaration sent with it.
-    :ivar rows: the walk's table rows (see ``_ROW``).
+    :ivar rows: the walk's table rows (see ``ROW``).
     :ivar thinking: ``(message index, block index, maker, sent)`` per marked
         thinking block.
     """
@@ -132,7 +132,7 @@ class _History:
     def declarations(self) -> int:
         """How many declarations the history holds (counted when asked: rarely)."""
         rows = self.rows
-        return sum(1 for at in range(3, len(rows), _ROW) if rows[at] == DECLARATION)
+        return sum(1 for at in range(3, len(rows), ROW) if rows[at] == DECLARATION)
 
 
 def _writable_block(content: list, copy: list | None, bi: int) -> list:
@@ -154,16 +154,16 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
     """
     Walk ``messages`` in walk order, filling ``history``.
 
-    :return: the table rows, flat (see ``_ROW``); and for every message with
+    :return: the table rows, flat (see ``ROW``); and for every message with
         a changed block, ``(message index, message, content)`` where
         ``content`` is a new list holding copies of the changed blocks and the
         very same objects for the others (without the blocks left out).
     """
     rules = history.rules
     unique = rules.policy == UNIQUE
-    accepts = rules._accepts
+    accepts = rules.accepted_ids
     accepted = {} if accepts is None else accepts.memo
-    own = rules._own
+    own = rules.own_match
     track_sent = unique or own is not None
     declared = history.declared
     counts = history.counts
@@ -187,9 +187,9 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
             add_row((mi, bi, field, REFERENCE, block_type, ref, upstream, None, None, -1, -1,
                      False, None if upstream == ref else ref))
         else:
-            upstream = rows[at + _UPSTREAM]
-            add_row((mi, bi, field, REFERENCE, block_type, ref, upstream, rows[at + _ORIGINAL],
-                     None, rows[at], rows[at + 1], rows[at + _REPAIRED], None))
+            upstream = rows[at + ROW_UPSTREAM]
+            add_row((mi, bi, field, REFERENCE, block_type, ref, upstream, rows[at + ROW_ORIGINAL],
+                     None, rows[at], rows[at + 1], rows[at + ROW_REPAIRED], None))
         return upstream
 
     for mi, message in enumerate(messages):
@@ -213,7 +213,7 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
             ref = block.get("tool_use_id")
             caller = block.get("caller")
             if isinstance(ref, str) or isinstance(caller, dict):
-                swapped = _swap_references(block, block_type, ref, caller, refer, True)
+                swapped = swap_references(block, block_type, ref, caller, refer, True)
                 if swapped is not None:
                     if new_content is None:
                         new_content = list(content)
@@ -222,8 +222,8 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
                     # the reference the thinking test below reads
                     ref = caller.get("tool_id")
             if block_type is None or not (block_type == "tool_use" or block_type.endswith("_tool_use")):
-                if ref is None and block_type in _SIGNED_FIELDS:
-                    signed = _SIGNED_FIELDS[block_type]
+                if ref is None and block_type in SIGNED_FIELDS:
+                    signed = SIGNED_FIELDS[block_type]
                     value = block.get(signed)
                     if isinstance(value, str) and value.startswith(THINKING_MARK):
                         mark = read_mark(value)
@@ -243,7 +243,7 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
             if not isinstance(client_id, str):
                 continue
             separator = "-" if block_type == "tool_use" else "_"
-            original = _decode(client_id, separator, counts)
+            original = decode_declaration(client_id, separator, counts)
             k = counts.get(original, 0) + 1
             counts[original] = k
             repaired = False
@@ -254,7 +254,7 @@ def _walk(messages: list, history: _History) -> tuple[list, list[tuple]]:
             elif client_id in upstream_ids:
                 repaired = True
                 key = (client_id, separator)
-                upstream, j = _free_id(
+                upstream, j = free_id(
                     client_id, separator, repair_floor.get(key, 2), declared, upstream_ids
                 )
                 repair_floor[key] = j + 1
@@ -355,7 +355,7 @@ class ResponseTranslator:
         ref = block.get("tool_use_id")
         caller = block.get("caller")
         if isinstance(ref, str) or isinstance(caller, dict):
-            changed = _swap_references(block, block_type, ref, caller, self._refer, False) is not None
+            changed = swap_references(block, block_type, ref, caller, self._refer, False) is not None
         if block_type is not None:
             if block_type == "tool_use" or block_type.endswith("_tool_use"):
                 emitted = block.get("id")
@@ -363,8 +363,8 @@ class ResponseTranslator:
                     changed = self._declare(block, block_type, emitted) or changed
                 else:
                     changed = self._declare(block, block_type, None)
-            elif self._mark is not None and block_type in _SIGNED_FIELDS:
-                signed = _SIGNED_FIELDS[block_type]
+            elif self._mark is not None and block_type in SIGNED_FIELDS:
+                signed = SIGNED_FIELDS[block_type]
                 value = block.get(signed)
                 if isinstance(value, str) and value:
                     block[signed] = mark_signature(self._mark, value)
@@ -445,14 +445,14 @@ class ResponseTranslator:
             collides = (
                 emitted in declared
                 or emitted in originals
-                or _is_lookalike(emitted, originals)
+                or is_lookalike(emitted, originals)
             )
         client_id = emitted
         if collides:
             k = self._occurrences(emitted) + 1
-            client_id, _ = _free_id(emitted, separator, max(k, 2), declared, taken)
+            client_id, _ = free_id(emitted, separator, max(k, 2), declared, taken)
         # Record the block exactly as the next request's walk will read it.
-        original = _decode(client_id, separator, originals)
+        original = decode_declaration(client_id, separator, originals)
         k = self._occurrences(original) + 1
         self._counts[original] = k
         self._client_ids.add(client_id)
@@ -512,7 +512,7 @@ class RequestTranslation:
         """
         if self._table is None:
             history = self._history
-            self._table = _table_from_rows(self.policy, self._rows, history.rules, history.thinking,
+            self._table = table_from_rows(self.policy, self._rows, history.rules, history.thinking,
                                            self.thinking_disabled)
         return self._table
 
@@ -539,7 +539,7 @@ class RequestTranslation:
 
     def __repr__(self) -> str:
         return "<RequestTranslation policy=%s changed=%s entries=%d>" % (
-            self.policy, self.changed, len(self._rows) // _ROW)
+            self.policy, self.changed, len(self._rows) // ROW)
 
 
 
@@ -559,7 +559,7 @@ def translate_request(body: dict, policy: str | UpstreamRules = UNIQUE) -> Reque
     if isinstance(policy, UpstreamRules):
         rules = policy
     else:
-        rules = _DEFAULT_RULES.get(policy)
+        rules = DEFAULT_RULES.get(policy)
         if rules is None:
             raise ValueError(f"unknown upstream id policy {policy!r}; expected one of {POLICIES}")
     history = _History(rules)
@@ -568,13 +568,15 @@ def translate_request(body: dict, policy: str | UpstreamRules = UNIQUE) -> Reque
         return RequestTranslation(rules.policy, body, False, history, [])
     rows, rewritten = _walk(messages, history)
     crossing = rules.mark_thinking
-    if (crossing or history.thinking) and _thinking_on(body) and _tool_loop_without_thinking(
+    if (crossing or history.thinking) and manual_thinking(body) and tool_loop_without_thinking(
         messages, rewritten, crossing
     ):
-        # Anthropic's rule: with thinking on, the final assistant message of
-        # a tool loop starts with a thinking block. Its block was another
-        # upstream's (or it had none), so this one request goes without
-        # thinking (docs/id-translation.md, invariant 12).
+        # Anthropic's rule, for manual thinking only: the final assistant
+        # message of a tool loop starts with a thinking block. Its block was
+        # another upstream's (or it had none), so this one request goes
+        # without thinking: the one field deleted, nothing put in its place
+        # (docs/id-translation.md, invariant 12). Adaptive, between_tools and
+        # unknown thinking have no such rule and are never touched.
         new_body = _rewritten_body(body, messages, rewritten) if rewritten else dict(body)
         del new_body["thinking"]
         return RequestTranslation(rules.policy, new_body, True, history, rows, True)
