@@ -9,6 +9,9 @@ one. All on 127.0.0.1, in this process::
     python -m bench.todays_api_session --threads              # relay-held threads
     python -m bench.todays_api_session --failover same-account
     python -m bench.todays_api_session --failover other-account
+    python -m bench.todays_api_session --bad-client           # an old turn edited midway
+    python -m bench.todays_api_session --bad-client --thinking-binding-recovery off
+    python -m bench.todays_api_session --thinking omitted     # no thinking field
     python -m bench.todays_api_session --turns 24 --every 3 --time-limit 60
 
 Two simulated upstreams speak today's API (:mod:`twisted_relay.simulated`):
@@ -27,7 +30,7 @@ written here, read by :func:`twisted_relay.settings.read_settings`, served by
 :class:`twisted_relay.service.Relay`). Models ``kimi-*`` go to ``kimi``,
 the rest to ``strict``.
 
-The client sends ``thinking: {"type": "adaptive"}`` and the beta
+The client sends ``thinking: {"type": "adaptive"}`` (``--thinking omitted``: no field) and the beta
 ``thinking-binding-controls-2026-08-01`` (so the strict upstream lists every
 block it drops in ``input_transformations``) on every turn, streams every
 other turn, and switches model every ``--every`` turns. ``--threads`` runs
@@ -35,7 +38,11 @@ the SDK's tool runner instead, threads on (the relay holds them). With
 ``--failover``, the strict upstream has two keys; from the middle of the
 session on, the conversation's own key is answered with 429 (by a wrapper in
 front of the simulator): ``same-account`` gives it a second key of its own
-account, ``other-account`` one of another account.
+account, ``other-account`` one of another account. ``--bad-client`` edits
+an old turn (the first tool result) in the middle of the session and goes on
+with the edited history, as a bad client would: the relay's recovery
+(``--thinking-binding-recovery``) rescues it, or, ``off``, the client gets
+the strict upstream's 400 at each of its turns.
 
 Printed: turns, failed turns, tool-use ids the client saw twice, thinking
 blocks each upstream dropped (from ``input_transformations``), answers with
@@ -86,7 +93,9 @@ TOOLS = [{
     "description": "Weather for a city.",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
 }]
-THINKING = {"type": "adaptive"}
+#: What the client sends about thinking: ``adaptive`` says it, ``omitted`` leaves the field out
+#: (adaptive on today's models; the year-old ``kimi-k2`` then does not think).
+THINKING = {"adaptive": {"thinking": {"type": "adaptive"}}, "omitted": {}}
 
 CONFIG = """\
 [relay]
@@ -172,7 +181,7 @@ def _upstream_of(number: int, every: int) -> str:
 def _error(caught) -> str:
     body = getattr(caught, "body", None)
     message = body.get("error", {}).get("message") if isinstance(body, dict) else str(caught)
-    return f"{getattr(caught, 'status_code', type(caught).__name__)} {str(message)[:200]}"
+    return f"{getattr(caught, 'status_code', type(caught).__name__)} {str(message)[:300]}"
 
 
 def edit_old_turn(messages: list) -> None:
@@ -184,7 +193,7 @@ def edit_old_turn(messages: list) -> None:
 
 
 def plain_session(base_url: str, turns: int, every: int, deadline: float, between,
-                  edit_at: int | None = None) -> list[Turn]:
+                  edit_at: int | None = None, thinking: str = "adaptive") -> list[Turn]:
     """
     A loop of ``client.beta.messages.create`` (even turns) and
     ``client.beta.messages.stream`` (odd turns) with tool results, the
@@ -207,7 +216,7 @@ def plain_session(base_url: str, turns: int, every: int, deadline: float, betwee
             upstream = _upstream_of(number, every)
             turn = Turn(number, upstream, streamed=number % 2 == 1)
             request = dict(model=MODELS[upstream], max_tokens=512, system=SYSTEM, tools=TOOLS,
-                           messages=messages, thinking=THINKING, betas=[BINDING_BETA])
+                           messages=messages, betas=[BINDING_BETA], **THINKING[thinking])
             try:
                 if turn.streamed:
                     with client.beta.messages.stream(**request) as events:
@@ -231,7 +240,8 @@ def plain_session(base_url: str, turns: int, every: int, deadline: float, betwee
     return done
 
 
-def threaded_session(base_url: str, turns: int, every: int, deadline: float, between) -> list[Turn]:
+def threaded_session(base_url: str, turns: int, every: int, deadline: float, between,
+                     thinking: str = "adaptive") -> list[Turn]:
     """The SDK's tool runner, threads on (the relay holds them), non-streaming, the model
     switched every ``every`` turns with ``set_messages_params``; runs in a thread."""
     import anthropic
@@ -252,7 +262,7 @@ def threaded_session(base_url: str, turns: int, every: int, deadline: float, bet
     try:
         runner = client.beta.messages.tool_runner(
             model=MODELS[_upstream_of(0, every)], max_tokens=512, system=SYSTEM, tools=[get_weather],
-            messages=[{"role": "user", "content": FIRST}], thinking=THINKING, betas=[BINDING_BETA],
+            messages=[{"role": "user", "content": FIRST}], betas=[BINDING_BETA], **THINKING[thinking],
             max_iterations=turns,
         )
         for message in runner:
@@ -315,7 +325,8 @@ def own_thinking_back(name: str, upstream: SimulatedUpstream, done: list[Turn]) 
 
 async def run_session(reactor, *, turns: int = 300, every: int = 3, threads: bool = False,
                       failover: str | None = None, recovery: str = "drop_block", time_limit: float = 900.0,
-                      seed: int = 7, folder: str | None = None, bad_client: bool = False) -> dict:
+                      seed: int = 7, folder: str | None = None, bad_client: bool = False,
+                      thinking: str = "adaptive") -> dict:
     """
     Serve both simulated upstreams and the relay on 127.0.0.1, run the
     session, stop everything and return the figures (see :func:`report`).
@@ -362,10 +373,11 @@ async def run_session(reactor, *, turns: int = 300, every: int = 3, threads: boo
     try:
         if threads:
             done = await deferToThread(threaded_session, "http://127.0.0.1:%d" % (port,), turns, every,
-                                       started + time_limit, between)
+                                       started + time_limit, between, thinking)
         else:
             done = await deferToThread(plain_session, "http://127.0.0.1:%d" % (port,), turns, every,
-                                       started + time_limit, between, turns // 2 if bad_client else None)
+                                       started + time_limit, between, turns // 2 if bad_client else None,
+                                       thinking)
         seconds = time.monotonic() - started
     finally:
         await relay.service.stopService()
@@ -393,6 +405,7 @@ async def run_session(reactor, *, turns: int = 300, every: int = 3, threads: boo
     figures["variant"] = "threads" if threads else "plain"
     figures["failover"] = failover or "none"
     figures["bad_client"] = bad_client
+    figures["thinking"] = thinking
     if own_folder and not dumped:
         shutil.rmtree(folder, ignore_errors=True)
     else:
@@ -433,7 +446,7 @@ def report(done: list[Turn], upstreams: dict, turns: int, seconds: float) -> dic
 
 def print_figures(figures: dict) -> None:
     """The figures, one line each."""
-    print(f"variant: {figures['variant']}, failover: {figures['failover']}"
+    print(f"variant: {figures['variant']}, thinking: {figures['thinking']}, failover: {figures['failover']}"
           + (", a bad client edits an old turn midway" if figures["bad_client"] else ""))
     print(f"turns: {figures['turns']}/{figures['turns_asked']} ({figures['streamed_turns']} streamed) "
           f"in {figures['seconds']} s")
@@ -467,6 +480,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", action="store_true", help="the SDK's tool runner with relay-held threads")
     parser.add_argument("--failover", choices=("same-account", "other-account"),
                         help="a 429 on the strict upstream's key from the middle of the session on")
+    parser.add_argument("--thinking", choices=tuple(THINKING), default="adaptive",
+                        help='send thinking {"type": "adaptive"} or leave the field out')
     parser.add_argument("--bad-client", action="store_true",
                         help="the client edits an old turn (a tool result) in the middle of the session")
     parser.add_argument("--thinking-binding-recovery", default="drop_block", choices=("drop_block", "off"))
@@ -478,7 +493,7 @@ def main(argv=None) -> None:
         figures = await run_session(
             reactor, turns=options.turns, every=options.every, threads=options.threads, failover=options.failover,
             recovery=options.thinking_binding_recovery, time_limit=options.time_limit, seed=options.seed,
-            bad_client=options.bad_client)
+            bad_client=options.bad_client, thinking=options.thinking)
         print_figures(figures)
 
     task.react(lambda reactor: defer.ensureDeferred(body(reactor)))

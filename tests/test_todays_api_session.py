@@ -15,19 +15,19 @@ gets the upstream's 400 with it off).
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 from twisted.internet import reactor
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from bench.todays_api_session import Turn, own_thinking_back, run_session
+from twisted_relay.simulated.thinking import prefix_mismatch_message
 
 try:
     import anthropic
 except ImportError:  # pragma: no cover - the test extra installs it
     anthropic = None
-
-BOUND = "Invalid `signature` in `thinking` block. The block is bound to a different conversation."
 
 
 class TodaysAPISessionTests(TestCase):
@@ -58,6 +58,16 @@ class TodaysAPISessionTests(TestCase):
             self.assertEqual(upstream["requests_with_thinking_field"], upstream["requests"], name)
             self.assertEqual(upstream["answers_with_thinking"], upstream["turns_served"], name)
         self.assertEqual(figures["kimi"]["thinking_dropped"], 0)
+
+    async def test_session_thinking_omitted(self) -> None:
+        """No ``thinking`` field (adaptive on Sonnet 5.5): the strict upstream thinks every time
+        and gets all of it back; nothing is dropped, no field is added."""
+        figures = await self.session(thinking="omitted")
+        self.assertEqual((figures["turns"], figures["failed_turns"], figures["duplicate_ids"]), (12, 0, 0))
+        strict = figures["strict"]
+        self.assertEqual((strict["answers_with_thinking"], strict["own_blocks_made"]), (6, 6))
+        self.assertEqual((strict["turns_missing_own_thinking"], strict["thinking_dropped"]), (0, 0))
+        self.assertEqual(figures["kimi"]["requests_with_thinking_field"] + strict["requests_with_thinking_field"], 0)
 
     async def test_session(self) -> None:
         """24 turns, every other one streamed, a switch every 3: nothing dropped, nothing moved."""
@@ -115,9 +125,11 @@ class TodaysAPISessionTests(TestCase):
         turn after the edit; nothing is retried, every 400 is dumped without a note."""
         figures = await self.session(bad_client=True, recovery="off")
         self.assertEqual(figures["failed_turns"], 3)
+        self.assertEqual(len(figures["errors"]), 3)
         for error in figures["errors"]:
-            self.assertIn("(strict): 400 messages.", error)
-            self.assertIn(BOUND, error)
+            # The upstream's own words (the client sent the binding beta, so no sentence about it).
+            n, m = map(int, re.search(r"\(strict\): 400 messages\.(\d+)\.content\.(\d+):", error).groups())
+            self.assertEqual(error.split(": 400 ", 1)[1], prefix_mismatch_message(n, m, beta=True))
         self.assertEqual(figures["binding_recoveries"], 0)
         self.assertEqual(figures["dump_notes"], [None, None, None])
         self.assertEqual(figures["strict"]["requests"], 6)
