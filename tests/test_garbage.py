@@ -19,10 +19,11 @@ so that what is found is the relay's:
   another process would be: Twisted's own HTTP client (the test stub's)
   leaves its parser and chunked decoder in a cycle, which is the client's
   garbage, not the relay's.
-- The in-memory transport lets go of its protocol once the connection is
-  lost, as ``twisted.internet.tcp.Connection`` does (``del
-  self.protocol``); ``iosim.FakeTransport`` keeps it, a cycle a real socket
-  does not make. The simulated upstream's ``Site`` parses no form bodies, as
+- The in-memory transport loses a connection as
+  ``twisted.internet.tcp.Connection`` does: it stops its producer before
+  its protocol hears of the loss, and then lets go of the protocol (``del
+  self.protocol``); ``iosim.FakeTransport`` does neither, and keeps a
+  cycle a real socket does not make. The simulated upstream's ``Site`` parses no form bodies, as
   the relay's does not (Twisted's form parsing makes a class per request in
   ``email.headerregistry``).
 """
@@ -32,14 +33,16 @@ from __future__ import annotations
 import gc
 from collections import Counter
 
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import URI
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
+from zope.interface import implementer
 
-from twisted_relay.config import RelayConfig, Route, Target, Upstream
+from twisted_relay.config import RelayConfig, Route, Target, Upstream as UpstreamConfig
 
 from tests.helpers import InMemoryRelay, encode, messages_body
 
@@ -66,7 +69,44 @@ _STREAM = _STREAM_START + _event({"type": "content_block_stop", "index": 0}) + _
 ) + _event({"type": "message_stop"})
 
 
-class _Upstream(Resource):
+def _label(thing) -> str:
+    kind = type(thing).__name__
+    if kind in ("function", "type"):
+        return thing.__qualname__
+    if kind == "method":
+        return thing.__func__.__qualname__ + " (bound)"
+    if kind == "frame":
+        return "frame of " + thing.f_code.co_qualname
+    return kind
+
+
+def _cycles(garbage: list) -> list[str]:
+    """The reference cycles among ``garbage``, one line each, starting at objects that are not containers."""
+    among = {id(thing) for thing in garbage}
+    found, lines = set(), []
+    for start in garbage:
+        if type(start).__name__ in ("list", "tuple", "dict", "cell"):
+            continue
+        previous, queue = {id(start): None}, [start]
+        while queue:
+            thing = queue.pop(0)
+            if any(referent is start for referent in gc.get_referents(thing)):
+                path = [thing]
+                while previous[id(path[-1])] is not None:
+                    path.append(previous[id(path[-1])])
+                key = frozenset(map(id, path))
+                if key not in found:
+                    found.add(key)
+                    lines.append(" -> ".join(_label(step) for step in reversed(path)) + " -> (back)")
+                break
+            for referent in gc.get_referents(thing):
+                if id(referent) in among and id(referent) not in previous:
+                    previous[id(referent)] = thing
+                    queue.append(referent)
+    return lines
+
+
+class MessagesUpstream(Resource):
     """
     A Messages upstream that answers every request the same way: ``"ok"``
     (a message, whole or streamed), a status with an error body, or
@@ -93,29 +133,47 @@ class _Upstream(Resource):
             return NOT_DONE_YET
         return _STREAM if streamed else _WHOLE
 
+    def render_GET(self, request):
+        request.setHeader(b"content-type", b"application/json")
+        return encode({"data": [{"type": "model", "id": "m", "display_name": "M", "created_at": "2026-01-01T00:00:00Z"}],
+                       "has_more": False, "first_id": "m", "last_id": "m"})
 
-class _TcpLikeTransport(iosim.FakeTransport):
-    """An in-memory transport that lets go of its protocol once the connection is lost, as TCP's does."""
+
+@implementer(IPushProducer)
+class TcpLikeTransport(iosim.FakeTransport):
+    """
+    An in-memory transport that loses its connection as TCP's does
+    (``tcp.Connection.connectionLost``): its producer (an HTTP channel
+    registers itself with a push-producing transport, as a TCP one is) is
+    stopped first, then the protocol hears of the loss, then the transport
+    lets go of it.
+    """
 
     def reportDisconnect(self):
+        if self.producer is not None:
+            self.producer.stopProducing()
+            self.producer = None
         super().reportDisconnect()
         del self.protocol
 
 
-class _RawClient(Protocol):
+class RawClient(Protocol):
     """
     A client writing one HTTP/1.1 request (``Connection: close``) and reading
     the answer's bytes; with ``leave``, it closes its connection once the
-    first bytes of the answer's body have come.
+    first bytes of the answer's body have come (``"at once"``: as soon as
+    its request is written).
     """
 
-    def __init__(self, request: bytes, leave: bool):
+    def __init__(self, request: bytes, leave):
         self.request, self.leave = request, leave
         self.received = b""
         self.closed = False
 
     def connectionMade(self):
         self.transport.write(self.request)
+        if self.leave == "at once":
+            self.transport.loseConnection()
 
     def dataReceived(self, data):
         self.received += data
@@ -126,7 +184,7 @@ class _RawClient(Protocol):
         self.closed = True
 
 
-class _OneClient(Factory):
+class OneClient(Factory):
     def __init__(self, client):
         self.client = client
 
@@ -134,11 +192,34 @@ class _OneClient(Factory):
         return self.client
 
 
+def request_bytes(method: bytes, path: bytes, body: bytes = b"", host: bytes = b"relay.test") -> bytes:
+    """An HTTP/1.1 request (``Connection: close``) with a client's key, and a JSON body if any."""
+    head = b"%s %s HTTP/1.1\r\nHost: %s\r\nx-api-key: sk-test-client\r\nConnection: close\r\n" % (method, path, host)
+    if body:
+        head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % (len(body),)
+    return head + b"\r\n" + body
+
+
+def exchange(relay: InMemoryRelay, request: bytes, *, leave=None, wait: float = 0.0) -> RawClient:
+    """
+    Send ``request`` to the relay from a client of its own (a
+    :class:`RawClient`), move the bytes, then ``wait`` seconds on the
+    relay's clock; the client.
+    """
+    client = RawClient(request, leave)
+    relay.network.endpointForURI(URI.fromBytes(b"http://relay.test/")).connect(OneClient(client))
+    relay.flush()
+    if wait:
+        relay.clock.advance(wait)
+        relay.flush()
+    return client
+
+
 class NoCyclicGarbageTests(SynchronousTestCase):
     """Relayed requests, with the collector off: ``gc.collect()`` finds nothing a request made."""
 
     def setUp(self):
-        self.patch(iosim, "FakeTransport", _TcpLikeTransport)
+        self.patch(iosim, "FakeTransport", TcpLikeTransport)
         self.addCleanup(gc.enable if gc.isenabled() else gc.disable)
         self.addCleanup(gc.set_debug, gc.get_debug())
 
@@ -149,13 +230,13 @@ class NoCyclicGarbageTests(SynchronousTestCase):
         and ``second`` answering ``second``, tried in that order.
         """
         if second is None:
-            upstreams = {b"upstream.test": _Upstream(answer)}
-            config = RelayConfig(listen=(), dump_dir=None, upstreams=(Upstream("up", "http://upstream.test"),), **settings)
+            upstreams = {b"upstream.test": MessagesUpstream(answer)}
+            config = RelayConfig(listen=(), dump_dir=None, upstreams=(UpstreamConfig("up", "http://upstream.test"),), **settings)
         else:
-            upstreams = {b"first.test": _Upstream(answer), b"second.test": _Upstream(second)}
+            upstreams = {b"first.test": MessagesUpstream(answer), b"second.test": MessagesUpstream(second)}
             config = RelayConfig(
                 listen=(), dump_dir=None,
-                upstreams=(Upstream("first", "http://first.test"), Upstream("second", "http://second.test")),
+                upstreams=(UpstreamConfig("first", "http://first.test"), UpstreamConfig("second", "http://second.test")),
                 routes=(Route(targets=(Target("first"), Target("second"))),),
                 breaker_failures=1000, **settings,
             )
@@ -165,20 +246,10 @@ class NoCyclicGarbageTests(SynchronousTestCase):
             relay.network.listen(host, 80, Site(resource, reactor=relay.clock, parsePOSTFormSubmission=False))
         return relay
 
-    def exchange(self, relay, *, stream=False, leave=False, wait=0.0, path="/v1/messages") -> bytes:
-        """One request from a client of its own; what it received once its connection closed."""
+    def exchange(self, relay, *, stream=False, leave=None, wait=0.0, path="/v1/messages") -> bytes:
+        """One Messages request from a client of its own; what it received once its connection closed."""
         body = encode(messages_body(stream=stream))
-        client = _RawClient(
-            b"POST %s HTTP/1.1\r\nHost: relay.test\r\nContent-Type: application/json\r\n"
-            b"x-api-key: sk-test-client\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-            % (path.encode(), len(body), body),
-            leave,
-        )
-        relay.network.endpointForURI(URI.fromBytes(b"http://relay.test/")).connect(_OneClient(client))
-        relay.flush()
-        if wait:
-            relay.clock.advance(wait)
-            relay.flush()
+        client = exchange(relay, request_bytes(b"POST", path.encode(), body), leave=leave, wait=wait)
         self.assertTrue(client.closed)
         return client.received
 
@@ -187,20 +258,28 @@ class NoCyclicGarbageTests(SynchronousTestCase):
         After two requests (caches filled, pool connections made), ``n``
         more with the collector off leave nothing for ``gc.collect()``.
         """
+
+        def one():
+            received = self.exchange(relay, **exchange)
+            self.assertTrue(received.startswith(b"HTTP/1.1 " + expected_status), received[:200])
+
+        self.assertNoGarbageFrom(one, n)
+
+    def assertNoGarbageFrom(self, one, n=4):
+        """``one()`` twice, then ``n`` times with the collector off: nothing for ``gc.collect()``."""
         for _ in range(2):
-            self.assertTrue(self.exchange(relay, **exchange).startswith(b"HTTP/1.1 " + expected_status), expected_status)
+            one()
         gc.collect()
         gc.disable()
         gc.set_debug(gc.DEBUG_SAVEALL)
         for _ in range(n):
-            received = self.exchange(relay, **exchange)
-            self.assertTrue(received.startswith(b"HTTP/1.1 " + expected_status), received[:200])
+            one()
         gc.collect()
         garbage = list(gc.garbage)
         del gc.garbage[:]
         gc.set_debug(0)
         kinds = Counter(getattr(o, "__qualname__", None) or type(o).__qualname__ for o in garbage)
-        self.assertEqual(kinds.most_common(), [])
+        self.assertEqual(sorted(kinds.items()), [], "\n".join(_cycles(garbage)))
 
     def test_whole(self):
         """A whole answer."""
@@ -237,6 +316,12 @@ class NoCyclicGarbageTests(SynchronousTestCase):
     def test_client_gone_mid_stream(self):
         """A client that leaves once its stream has begun."""
         self.assertNoGarbage(self.relay("hang"), b"200", stream=True, leave=True)
+
+    def test_client_gone_waiting(self):
+        """A client that leaves while the relay waits for the upstream's answer."""
+        relay = self.relay("hang")
+        self.assertNoGarbageFrom(lambda: self.assertEqual(self.exchange(relay, leave="at once"), b""))
+        self.assertEqual(relay.app.in_flight, 0)
 
     def test_deadline_whole(self):
         """An upstream that never answers: the deadline's 504."""
