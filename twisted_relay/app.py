@@ -238,9 +238,10 @@ class RelayApp:
         return self.requests.drain(grace)
 
 
-# The relayed routes served by :class:`_DirectDispatch` (docs/architecture.md,
-# "Two dispatch paths, one set of routes"): Klein endpoint names.
-DIRECT_ENDPOINTS = frozenset({"messages", "count_tokens", "models"})
+# The routes served by :class:`_DirectDispatch` (docs/architecture.md, "Two
+# dispatch paths, one set of routes"), by Klein endpoint name: the relayed
+# ones, and the probes a load balancer asks often.
+DIRECT_ENDPOINTS = frozenset({"messages", "count_tokens", "models", "health", "ready", "hello"})
 
 
 def direct_routes(klein: Klein, endpoints=DIRECT_ENDPOINTS) -> dict[tuple[bytes, bytes], tuple[str, int]]:
