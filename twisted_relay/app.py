@@ -2,6 +2,11 @@
 """
 The relay's HTTP face: Klein routes, and what the relay holds between requests.
 
+The relayed routes and the probes run their Klein endpoint directly
+(:class:`_DirectDispatch`, through ``Klein.execute_endpoint``); every other
+request goes through Klein's render, which leaves reference cycles per
+request (docs/architecture.md, "Two dispatch paths, one set of routes").
+
 :class:`RelayApp` routes each request; a relayed one (``/v1/messages``,
 ``count_tokens``, the model list) becomes a
 :class:`~twisted_relay.relayed_request.RelayedRequest`, given the parts it
@@ -20,6 +25,7 @@ from klein import Klein
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.logger import Logger
 from twisted.python import log as legacy_log
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 from werkzeug.exceptions import MethodNotAllowed, NotFound
@@ -254,7 +260,7 @@ def direct_routes(klein: Klein, endpoints=DIRECT_ENDPOINTS) -> dict[tuple[bytes,
     """
     table = {}
     for rule in klein.url_map.iter_rules():
-        if rule.endpoint in endpoints and not rule.arguments:
+        if rule.endpoint in endpoints and rule.methods and not rule.arguments:
             segments = rule.rule.count("/") - rule.rule.endswith("/")
             for method in rule.methods - {"HEAD"}:
                 table[(method.encode("ascii"), rule.rule.encode("utf-8"))] = (rule.endpoint, segments)
@@ -360,6 +366,9 @@ class _DirectDispatch:
         if isinstance(answer, bytes):
             request.write(answer)
         elif answer is not None:
-            raise TypeError("a direct route's endpoint answered %r, not bytes, text or None" % (type(answer),))
+            # Only Klein's render knows what else an endpoint may answer (a
+            # resource, an element): such a route is not one to run directly.
+            self._failed(Failure(TypeError("%r answered directly: not bytes, text or None" % (type(answer),))))
+            return
         if not self.finished:
             request.finish()
