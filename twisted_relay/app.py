@@ -2,6 +2,11 @@
 """
 The relay's HTTP face: Klein routes, and what the relay holds between requests.
 
+The relayed routes and the probes run their Klein endpoint directly
+(:class:`_DirectDispatch`, through ``Klein.execute_endpoint``); every other
+request goes through Klein's render, which leaves reference cycles per
+request (docs/architecture.md, "Two dispatch paths, one set of routes").
+
 :class:`RelayApp` routes each request; a relayed one (``/v1/messages``,
 ``count_tokens``, the model list) becomes a
 :class:`~twisted_relay.relayed_request.RelayedRequest`, given the parts it
@@ -17,9 +22,12 @@ import os
 from dataclasses import replace
 
 from klein import Klein
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.logger import Logger
+from twisted.python import log as legacy_log
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from twisted_relay._json import to_json
@@ -110,9 +118,13 @@ class RelayApp:
         self.metrics.watch_router(lambda: self._context.router)
         self.metrics.watch_thread_store(self.threads.store)
 
-    def resource(self):
-        """The relay's web resource, to serve or to mount in another ``Site``."""
-        return _RelayResource(self.requests, self.app.resource())
+    def resource(self, *, direct: bool = True):
+        """
+        The relay's web resource, to serve or to mount in another ``Site``.
+        With ``direct`` false, even the relayed routes go through Klein's
+        render (the dispatch contract test compares both).
+        """
+        return _RelayResource(self.requests, self.app, direct_routes(self.app) if direct else {})
 
     def reconfigure(self, router: Router, clients: UpstreamClients) -> None:
         """
@@ -232,19 +244,45 @@ class RelayApp:
         return self.requests.drain(grace)
 
 
+# The routes served by :class:`_DirectDispatch` (docs/architecture.md, "Two
+# dispatch paths, one set of routes"), by Klein endpoint name: the relayed
+# ones, and the probes a load balancer asks often.
+DIRECT_ENDPOINTS = frozenset({"messages", "count_tokens", "models", "health", "ready", "hello"})
+
+
+def direct_routes(klein: Klein, endpoints=DIRECT_ENDPOINTS) -> dict[tuple[bytes, bytes], tuple[str, int]]:
+    """
+    ``(method, path)`` to ``(endpoint, segments)`` for the routes of
+    ``klein`` named in ``endpoints`` whose paths take no argument, read from
+    its URL map (werkzeug's public ``Rule``): a route changed there changes
+    here. ``HEAD`` is left to Klein. ``segments`` is how many path segments
+    Klein moves to ``prepath`` for the route.
+    """
+    table = {}
+    for rule in klein.url_map.iter_rules():
+        if rule.endpoint in endpoints and rule.methods and not rule.arguments:
+            segments = rule.rule.count("/") - rule.rule.endswith("/")
+            for method in rule.methods - {"HEAD"}:
+                table[(method.encode("ascii"), rule.rule.encode("utf-8"))] = (rule.endpoint, segments)
+    return table
+
+
 class _RelayResource(Resource):
     """
     The relay's resource: answers a path that is not UTF-8 with an
-    Anthropic-shaped 400 (Klein's own answer is an HTML page), and leaves
-    every other request to Klein's routes.
+    Anthropic-shaped 400 (Klein's own answer is an HTML page), runs the
+    relayed routes' Klein endpoints itself (:class:`_DirectDispatch`), and
+    leaves every other request to Klein's render.
     """
 
     isLeaf = True
 
-    def __init__(self, requests: InFlight, klein_resource):
+    def __init__(self, requests: InFlight, klein: Klein, direct: dict):
         super().__init__()
         self._requests = requests
-        self._klein = klein_resource
+        self._app = klein
+        self._klein = klein.resource()
+        self._direct = direct
 
     def render(self, request):
         # Klein makes a URL of both: bytes that are not UTF-8 would get its
@@ -259,4 +297,78 @@ class _RelayResource(Resource):
         self._requests.arrived(request)
         # Where the relay is mounted, for the upstream path.
         request.relay_mount = b"/".join(request.prepath)
-        return self._klein.render(request)
+        # The path Klein matches (its ``PATH_INFO``).
+        path = b"/".join(request.postpath)
+        if path and not path.startswith(b"/"):
+            path = b"/" + path
+        direct = self._direct.get((request.method, path))
+        if direct is None:
+            return self._klein.render(request)
+        endpoint, segments = direct
+        request.prepath.extend(request.postpath[:segments])
+        request.postpath = request.postpath[segments:]
+        _DirectDispatch(request).run(self._app, endpoint)
+        return NOT_DONE_YET
+
+
+class _DirectDispatch:
+    """
+    One request run through a Klein endpoint (``Klein.execute_endpoint``,
+    Klein's public API) the way ``KleinResource.render`` runs a matched
+    route, for endpoints that answer with bytes, text or ``None``: the
+    endpoint's Deferred is cancelled if the connection is lost; its bytes
+    are written and the request finished unless it is finished already; a
+    failure goes to ``request.processingFailed`` (an error after the
+    request is finished is logged, a cancellation not even that). Unlike
+    Klein's render it makes no reference cycle: Klein's keeps a closure that
+    refers to itself and to the request until a full garbage collection
+    (Klein issue #101), and werkzeug's matcher another; this object's only
+    cycle, through its Deferred's callbacks, is gone once the Deferred has
+    fired.
+    """
+
+    def __init__(self, request):
+        self.request = request
+        self.finished = False
+        self.running: Deferred | None = None
+
+    def run(self, klein: Klein, endpoint: str) -> None:
+        """Run ``endpoint`` of ``klein`` for the request, and write what it answers."""
+        request = self.request
+        request.notifyFinish().addBoth(self._finished)
+        running = self.running = maybeDeferred(klein.execute_endpoint, endpoint, request)
+        request.notifyFinish().addErrback(self._cancel)
+        running.addCallbacks(self._write, self._failed)
+        running.addErrback(legacy_log.err, _why="Unhandled Error writing response")
+
+    def _finished(self, result) -> None:
+        self.finished = True
+
+    def _cancel(self, reason) -> None:
+        self.running.cancel()
+
+    def _failed(self, failure) -> None:
+        if self.finished:
+            if not failure.check(CancelledError):
+                legacy_log.err(failure, "Unhandled Error Processing Request.")
+                return
+            # A cancellation's traceback holds the frames that raised it
+            # (Twisted's, of the cancel), whose locals hold this failure:
+            # a cycle. Nobody reads it: let it go.
+            failure.cleanFailure()
+            return
+        self.request.processingFailed(failure)
+
+    def _write(self, answer) -> None:
+        request = self.request
+        if isinstance(answer, str):
+            answer = answer.encode("utf-8")
+        if isinstance(answer, bytes):
+            request.write(answer)
+        elif answer is not None:
+            # Only Klein's render knows what else an endpoint may answer (a
+            # resource, an element): such a route is not one to run directly.
+            self._failed(Failure(TypeError("%r answered directly: not bytes, text or None" % (type(answer),))))
+            return
+        if not self.finished:
+            request.finish()

@@ -104,10 +104,16 @@ class Attempts:
                 following = plan.report(attempt, error_kind=e.kind)
                 self._note(attempt, following)
                 if following is None:
+                    # Not kept in this frame, which the error's traceback
+                    # holds: a cycle only a full garbage collection frees.
                     failure = plan.failure(e)
                     if failure is e:
+                        del failure
                         raise
-                    raise failure from None
+                    try:
+                        raise failure from None
+                    finally:
+                        del failure
                 attempt = following
                 continue
             if response.code < 300:

@@ -202,6 +202,10 @@ class CoalescingChunkedDecoder:
 
     def noMoreData(self) -> None:
         """Raise ``DataLoss`` unless the last chunk has been read."""
+        # The connection is gone: the callbacks (bound to the parser, which
+        # holds this decoder) are dropped, as after the last chunk, so the
+        # parser is freed without the garbage collector.
+        self.dataCallback = self.finishCallback = None
         if self.state is not _FINISHED:
             raise DataLoss(
                 "Chunked decoder in %r state, still expecting more data to get to "

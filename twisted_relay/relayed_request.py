@@ -196,6 +196,9 @@ class RelayedRequest:
                 self._deadline_call.cancel()
             context.in_flight.end(request)
             self._log()
+            # The attempts refer back to this request: dropped, both are
+            # freed when the request is, not by a full garbage collection.
+            self._attempts = None
 
     # -- the deadline ---------------------------------------------------------
 
