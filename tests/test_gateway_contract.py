@@ -22,7 +22,6 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.internet.threads import deferToThread
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
-from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from twisted_relay.config import RelayConfig, Route, Target, one_upstream
@@ -64,22 +63,9 @@ ATTRIBUTION = {
 CLIENT_KEY = "sk-ant-api03-client-key-never-to-be-written-0123456789"
 
 
-class Recorder(Resource):
+def Recorder(code: int = 200, body: bytes = MESSAGE, headers=((b"content-type", b"application/json"),)):
     """An upstream that records every request as it came, bytes and all, and gives one answer."""
-
-    isLeaf = True
-
-    def __init__(self, code: int = 200, body: bytes = MESSAGE, headers=((b"content-type", b"application/json"),)):
-        super().__init__()
-        self.code, self.body, self.headers = code, body, headers
-        self.received = []
-
-    def render(self, request):
-        self.received.append((request.method, request.uri, request.requestHeaders, request.content.read()))
-        request.setResponseCode(self.code)
-        for name, value in self.headers:
-            request.setHeader(name, value)
-        return self.body
+    return FixedAnswer(code, body, headers)
 
 
 def serve_upstream(testcase, resource) -> str:
