@@ -36,6 +36,7 @@ from twisted_relay.simulated.base import (
     seeded_rng,
 )
 from twisted_relay.simulated.stream import LINE_ENDINGS, encode_events, message_events, plan_chunks
+from twisted_relay.simulated.system_messages import callable_tools
 
 __all__ = [
     "ID_STYLES",
@@ -189,12 +190,13 @@ def request_rng(seed: int, body: Any) -> random.Random:
 # -- strict and stateful checks -----------------------------------------------
 
 
-def check_shape(body: Any, *, for_count: bool = False) -> None:
+def check_shape(body: Any, *, for_count: bool = False, system_role: bool = False) -> None:
     """
     Reject a request whose top-level shape a real backend would refuse.
 
     :param for_count: the body is for ``count_tokens``, which has no
         ``max_tokens``.
+    :param system_role: ``role: "system"`` messages are taken (today's models).
     :raises Rejection: with pydantic-style locations, as Anthropic words them.
     """
     if not isinstance(body, dict):
@@ -223,14 +225,15 @@ def check_shape(body: Any, *, for_count: bool = False) -> None:
     if not messages:
         raise _invalid("messages: at least one message is required")
     for n, message in enumerate(messages):
-        _check_message_shape(n, message)
+        _check_message_shape(n, message, system_role)
 
 
-def _check_message_shape(n: int, message: Any) -> None:
+def _check_message_shape(n: int, message: Any, system_role: bool) -> None:
     if not isinstance(message, dict):
         raise _invalid(f"messages.{n}: Input should be a valid dictionary")
-    if message.get("role") not in ("user", "assistant"):
-        raise _invalid(f"messages.{n}.role: Input should be 'user' or 'assistant'")
+    if message.get("role") not in ("user", "assistant", "system" if system_role else "user"):
+        expected = "'user', 'assistant' or 'system'" if system_role else "'user' or 'assistant'"
+        raise _invalid(f"messages.{n}.role: Input should be {expected}")
     if "content" not in message:
         raise _invalid(f"messages.{n}.content: Field required")
     content = message["content"]
@@ -489,16 +492,7 @@ def _random_id(prefix: str, rng: random.Random) -> str:
 
 
 def _client_tools(body: dict) -> list[dict]:
-    tools = body.get("tools")
-    if not isinstance(tools, list):
-        return []
-    return [
-        tool
-        for tool in tools
-        if isinstance(tool, dict)
-        and isinstance(tool.get("name"), str)
-        and tool.get("type", "custom") == "custom"
-    ]
+    return callable_tools(body)
 
 
 def _value_for(schema: Any, rng: random.Random, depth: int) -> Any:

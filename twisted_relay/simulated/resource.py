@@ -257,14 +257,14 @@ class SimulatedUpstream:
         conversation key.
         """
         if self.id_pattern is not None or (self.options.thinking_secret is not None and not for_count):
-            check_shape(body, for_count=for_count)
+            check_shape(body, for_count=for_count, system_role=self._is_today(body))
             if self.id_pattern is not None:
                 check_id_pattern(body["messages"], self.id_pattern)
             if self.options.thinking_secret is not None and not for_count and not self._is_today(body):
                 check_thinking(body, self.options.thinking_secret, manual_only=self.api == "2026-12")
         if self.mode == "lenient":
             return None
-        check_shape(body, for_count=for_count)
+        check_shape(body, for_count=for_count, system_role=self._is_today(body))
         if self.mode == "strict":
             check_strict_ids(body["messages"], check_pattern=self.id_pattern is None)
             return None
@@ -281,7 +281,7 @@ class SimulatedUpstream:
         if self.today is None or not isinstance(body, dict):
             return None
         if self._is_today(body):
-            check_shape(body, for_count=for_count)
+            check_shape(body, for_count=for_count, system_role=self._is_today(body))
         return self.today.prepare(body, headers)
 
     def _maybe_rare(self, message: dict, body: dict) -> dict:

@@ -14,7 +14,8 @@ upstreams sharing a secret, agree on every signature.
 The prefix of a block is ``system`` + ``tools`` + every earlier message and
 the blocks before it in its own message, compared by value: keys are sorted,
 ``cache_control`` is left out, a string ``content`` or ``system`` is the same
-as one text block, a ``defer_loading`` tool no message refers to is left out,
+as one text block, a ``defer_loading`` tool counts only from the block that
+first uses or loads it on (so a block before that point never depends on it),
 and thinking blocks are not part of it.  Their order is checked on its own:
 each signature names the thinking block just before it and how many came
 before it, so that dropping a leading or trailing run (or all) is fine and
@@ -33,7 +34,8 @@ from typing import Any, Callable
 
 import ujson
 
-from twisted_relay.simulated.base import _blocks, _messages, canonical, invalid
+from twisted_relay.simulated.base import _messages, canonical, invalid
+from twisted_relay.simulated.system_messages import names_loaded
 
 __all__ = [
     "BINDING_BETA",
@@ -139,24 +141,24 @@ def _as_blocks(content: Any) -> Any:
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
 
-def _referenced_tools(messages: list) -> set:
-    names = set()
-    for message in messages:
-        for block in _blocks(message):
-            if block.get("type") in ("tool_use", "tool_reference") and isinstance(block.get("name"), str):
-                names.add(block["name"])
-    return names
+def _is_deferred(tool: Any) -> bool:
+    return isinstance(tool, dict) and tool.get("defer_loading") is True
+
+
+def _deferred_tools(body: dict) -> dict:
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return {}
+    return {tool.get("name"): tool for tool in tools if _is_deferred(tool) and isinstance(tool.get("name"), str)}
 
 
 def _tools_by_value(body: dict) -> Any:
+    """``tools`` without its ``defer_loading`` tools: a deferred tool enters
+    the prefix where a message first uses or loads it, not up front."""
     tools = body.get("tools")
     if not isinstance(tools, list):
         return tools
-    referenced = _referenced_tools(_messages(body))
-    return [
-        tool for tool in tools
-        if not (isinstance(tool, dict) and tool.get("defer_loading") is True and tool.get("name") not in referenced)
-    ]
+    return [tool for tool in tools if not _is_deferred(tool)]
 
 
 def _hasher(body: dict) -> Any:
@@ -168,8 +170,15 @@ def _hasher(body: dict) -> Any:
 
 def _walk(body: dict, at_block: Callable[[int, int, dict, str], None]) -> Any:
     """Feed the prefix to a digest, calling ``at_block`` at each thinking
-    block with the digest of everything before it; return the digest."""
+    block with the digest of everything before it; return the digest.
+
+    A ``defer_loading`` tool's definition is fed right after the block that
+    first uses or loads it, so that a block before that point does not
+    depend on it (its prefix is the same whether or not a later message
+    loads the tool)."""
     digest = _hasher(body)
+    deferred = _deferred_tools(body)
+    loaded: set = set()
     for n, message in enumerate(_messages(body)):
         role = message.get("role") if isinstance(message, dict) else None
         digest.update(canonical(["message", role]))
@@ -179,6 +188,10 @@ def _walk(body: dict, at_block: Callable[[int, int, dict, str], None]) -> Any:
                 at_block(n, m, block, digest.copy().hexdigest())
                 continue
             digest.update(canonical(["block", _without_cache_control(block)]))
+            for name in names_loaded(block):
+                if name in deferred and name not in loaded:
+                    loaded.add(name)
+                    digest.update(canonical(["loaded_tool", _without_cache_control(deferred[name])]))
     return digest
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twisted_relay.simulated.base import _blocks, _messages, invalid, seeded_rng
+from twisted_relay.simulated.system_messages import check_system_messages
 from twisted_relay.simulated.thinking import (
     BINDING_BETA,
     Binding,
@@ -322,6 +323,7 @@ class TodayRules:
             return Prepared(body, None, False, "omitted", None, beta, account)
         if "fallbacks" in body and FALLBACK_BETA not in betas:
             raise invalid("fallbacks: Extra inputs are not permitted")
+        check_system_messages(body, betas)
         plan = _thinking_plan(body, family, betas)
         may_think = _check_tool_choice(body, family)
         binding = Binding(
