@@ -65,6 +65,18 @@ class ConversationTests(SynchronousTestCase):
         b = {"messages": [{"content": [{"cache_control": {"type": "ephemeral"}, "text": "hi", "type": "text"}], "role": "user"}]}
         self.assertEqual(conversation_of(a), conversation_of(b))
 
+    def test_cache_control_moved_away_does_not_change_it(self):
+        """
+        Claude Code marks the newest message for the cache: on a conversation's
+        first request that is its first user message, later it is not. Same
+        conversation, same key (a string is one text block, too).
+        """
+        marked = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]}
+        later = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": "ok"}]}
+        plain = {"messages": [{"role": "user", "content": "hi"}]}
+        self.assertEqual(conversation_of(marked), conversation_of(later))
+        self.assertEqual(conversation_of(plain), conversation_of(later))
+
     def test_later_turns_system_tools_model_do_not_change_it(self):
         start = conversation("fix the tests", 0)
         later = dict(conversation("fix the tests", 12), system="other", tools=[{"name": "t"}], model="claude-haiku-5-5")

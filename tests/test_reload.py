@@ -16,6 +16,7 @@ from twisted.python.filepath import FilePath
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from twisted_relay import Relay
+from twisted_relay.affinity import conversation_of, key_digest, key_order
 from twisted_relay.config import RelayConfig, Target, one_upstream
 from twisted_relay.settings import read_settings, reload_config
 from twisted_relay.tap import Options
@@ -176,9 +177,14 @@ class FileUpstreamsTests(TestCase):
         relay = Relay(options.config, reactor)
         relay.service.startService()
         self.addCleanup(relay.service.stopService)
+        # A conversation whose own key is the pool's first (keys go by conversation).
+        pool = [key_digest(SECRET), key_digest("sk-ant-second")]
+        words = next(w for w in ("hello", "hi", "hey", "good day", "greetings")
+                     if key_order(conversation_of({"messages": [{"role": "user", "content": w}]}), pool)[0] == 0)
         response = await treq.post(
             "http://127.0.0.1:%d/v1/messages" % (relay_port,),
-            data=b'{"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hello"}]}',
+            data=b'{"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "%s"}]}'
+            % (words.encode("ascii"),),
             headers={"content-type": ["application/json"], "x-api-key": ["sk-ant-client-own"]},
             persistent=False,
         )

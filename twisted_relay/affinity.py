@@ -44,22 +44,36 @@ def conversation_of(body: Any) -> str | None:
     """
     The conversation a request body belongs to: a hex digest of its first
     ``user`` message by value (key order and JSON formatting do not
-    matter), or ``None`` for a body without one (a listing, a malformed
-    body), which takes the pool's rotation.
+    matter, nor ``cache_control`` markers, which clients move to the newest
+    message at each turn, nor a string written as one text block), or
+    ``None`` for a body without one (a listing, a malformed body), which
+    takes the pool's rotation.
     """
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list):
         return None
     for message in messages:
         if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                content = [{"type": "text", "text": content}]
             try:
                 canonical = json.dumps(
-                    message.get("content"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+                    _without_cache_control(content), sort_keys=True, separators=(",", ":"), ensure_ascii=False
                 )
             except (TypeError, ValueError):
                 return None
             return hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
     return None
+
+
+def _without_cache_control(value: Any) -> Any:
+    """``value`` with every ``cache_control`` field left out, at any depth."""
+    if isinstance(value, dict):
+        return {k: _without_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_without_cache_control(v) for v in value]
+    return value
 
 
 def key_digest(key: str) -> str:
