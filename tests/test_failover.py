@@ -21,6 +21,7 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.http_headers import Headers
 
+from twisted_relay.affinity import conversation_of, key_digest, key_order
 from twisted_relay.attempts import retry_after
 from twisted_relay.config import RelayConfig, Route, Target, Upstream, one_upstream
 
@@ -283,10 +284,16 @@ class KeyPoolTests(RelayOverUpstreams, TestCase):
     async def test_refused_key_rests(self):
         """A 401 on the first key: the second key answers at once, and the first rests for later requests."""
         await self.pool(error_answer(401, "authentication_error"))
-        response, _ = await self.post(messages_body())
+        # A conversation whose own key is the pool's first (keys go by conversation).
+        pool = [key_digest(KEY_A), key_digest(KEY_B)]
+        body = next(
+            b for b in (messages_body([{"role": "user", "content": "conversation %d" % (n,)}]) for n in range(20))
+            if key_order(conversation_of(b), pool)[0] == 0
+        )
+        response, _ = await self.post(body)
         self.assertEqual(response.code, 200)
         for _ in range(2):
-            await self.post(messages_body())
+            await self.post(body)
         self.assertEqual(self.keys_sent(), [[k.encode()] for k in (KEY_A, KEY_B, KEY_B, KEY_B)])
         self.assertEqual(self.relay.router.keys_resting("pool"), (1,))
 
