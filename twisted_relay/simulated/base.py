@@ -15,10 +15,13 @@ import ujson
 
 __all__ = [
     "Rejection",
+    "blocks_of",
     "canonical",
     "conversation_key",
     "declaration_ids",
+    "declares_tool_use",
     "invalid",
+    "messages_of",
     "seeded_rng",
 ]
 
@@ -43,25 +46,28 @@ def _invalid(message: str) -> Rejection:
 
 
 
-def _messages(body: Any) -> list:
+def messages_of(body: Any) -> list:
+    """The request's ``messages``, or none when it has no list of them."""
     messages = body.get("messages") if isinstance(body, dict) else None
     return messages if isinstance(messages, list) else []
 
 
-def _blocks(message: Any) -> list[dict]:
+def blocks_of(message: Any) -> list[dict]:
+    """A message's content blocks that are objects (none for a string content)."""
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, list):
         return []
     return [block for block in content if isinstance(block, dict)]
 
 
-def _is_declaration(block: dict) -> bool:
+def declares_tool_use(block: dict) -> bool:
+    """Whether ``block`` declares a tool use (``tool_use`` or any ``*_tool_use``)."""
     kind = block.get("type")
     return isinstance(kind, str) and (kind == "tool_use" or kind.endswith("_tool_use"))
 
 
 def _is_reference(block: dict) -> bool:
-    return not _is_declaration(block) and "tool_use_id" in block
+    return not declares_tool_use(block) and "tool_use_id" in block
 
 
 def declaration_ids(messages: Sequence[Any], kind: str | None = None) -> list[str]:
@@ -73,8 +79,8 @@ def declaration_ids(messages: Sequence[Any], kind: str | None = None) -> list[st
     return [
         block.get("id")
         for message in messages
-        for block in _blocks(message)
-        if _is_declaration(block) and (kind is None or block.get("type") == kind)
+        for block in blocks_of(message)
+        if declares_tool_use(block) and (kind is None or block.get("type") == kind)
     ]
 
 
@@ -93,7 +99,7 @@ def conversation_key(session_id: str | None, body: Any) -> str:
     """
     if session_id:
         return "session:" + session_id
-    messages = _messages(body)
+    messages = messages_of(body)
     first = messages[0] if messages else None
     return "first:" + hashlib.sha256(_canonical(first)).hexdigest()
 

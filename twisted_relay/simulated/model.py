@@ -26,11 +26,11 @@ import ujson
 
 from twisted_relay.simulated.base import (
     Rejection,
-    _blocks,
+    blocks_of,
     _invalid,
-    _is_declaration,
+    declares_tool_use,
     _is_reference,
-    _messages,
+    messages_of,
     conversation_key,
     declaration_ids,
     seeded_rng,
@@ -268,7 +268,7 @@ def check_id_pattern(messages: Sequence[dict], pattern: str) -> None:
     """
     regex = re.compile(pattern)
     for n, message in enumerate(messages):
-        for m, block in enumerate(_blocks(message)):
+        for m, block in enumerate(blocks_of(message)):
             kind = block.get("type")
             if kind == "tool_use":
                 field, value = "id", block.get("id")
@@ -305,7 +305,7 @@ def check_thinking(body: dict, secret: str, manual_only: bool = False) -> None:
     """
     messages = body["messages"]
     for n, message in enumerate(messages):
-        for m, block in enumerate(_blocks(message)):
+        for m, block in enumerate(blocks_of(message)):
             kind = block.get("type")
             if kind == "thinking":
                 text, signature = block.get("thinking"), block.get("signature")
@@ -319,7 +319,7 @@ def check_thinking(body: dict, secret: str, manual_only: bool = False) -> None:
         return
     last = next((n for n in range(len(messages) - 1, -1, -1) if messages[n].get("role") == "assistant"), None)
     if last is None or not any(
-        block.get("type") == "tool_result" for message in messages[last + 1:] for block in _blocks(message)
+        block.get("type") == "tool_result" for message in messages[last + 1:] for block in blocks_of(message)
     ):
         return
     content = messages[last].get("content")
@@ -373,8 +373,8 @@ def check_strict_ids(messages: Sequence[dict], *, check_pattern: bool = True) ->
     for n, message in enumerate(messages):
         calls: list[str] = []
         answered: set[str] = set()
-        for m, block in enumerate(_blocks(message)):
-            if _is_declaration(block):
+        for m, block in enumerate(blocks_of(message)):
+            if declares_tool_use(block):
                 if check_pattern or block["type"] != "tool_use":
                     _check_declaration_pattern(n, m, block)
                 if block["id"] in seen:
@@ -403,7 +403,7 @@ def check_strict_ids(messages: Sequence[dict], *, check_pattern: bool = True) ->
             )
         previous_calls = [
             block["id"]
-            for block in _blocks(message)
+            for block in blocks_of(message)
             if block.get("type") == "tool_use" and message.get("role") == "assistant"
         ]
 
@@ -441,9 +441,9 @@ class ConversationLedger:
         previous_calls: Counter[str] = Counter()
         for n, message in enumerate(messages):
             calls: Counter[str] = Counter()
-            for m, block in enumerate(_blocks(message)):
+            for m, block in enumerate(blocks_of(message)):
                 where = f"messages.{n}.content.{m}"
-                if _is_declaration(block):
+                if declares_tool_use(block):
                     value = block.get("id")
                     if issued is None:
                         raise _invalid(
@@ -640,7 +640,7 @@ def compose_answer(body: Any, options: ModelOptions) -> dict:
     request's content.
     """
     body = body if isinstance(body, dict) else {}
-    messages = _messages(body)
+    messages = messages_of(body)
     rng = request_rng(options.seed, body)
     ids = _IdSource(options, messages, rng)
     tools = _client_tools(body) if _tool_choice_allows_tools(body) else []

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 import ujson
 
-from twisted_relay.simulated.base import _is_declaration
+from twisted_relay.simulated.base import declares_tool_use
 
 __all__ = ["LINE_ENDINGS", "encode_events", "message_events", "plan_chunks"]
 
@@ -52,7 +52,7 @@ def _block_events(index: int, block: dict, rng: random.Random) -> Iterator[tuple
             for piece in (_pieces(block["thinking"], rng, False) if block["thinking"] else [])
         ]
         deltas.append({"type": "signature_delta", "signature": block["signature"]})
-    elif _is_declaration(block):
+    elif declares_tool_use(block):
         start = {"type": kind, "name": block["name"], "input": {}}
         if "id" in block:
             start = {"type": kind, "id": block["id"], "name": block["name"], "input": {}}

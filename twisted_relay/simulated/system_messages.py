@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted_relay.simulated.base import _blocks, _messages, invalid
+from twisted_relay.simulated.base import blocks_of, messages_of, invalid
 
 __all__ = [
     "INLINE_TOOLS_BETA",
@@ -49,12 +49,12 @@ def check_system_messages(body: dict, betas: set[str]) -> None:
 
     :raises Rejection: a 400 ``invalid_request_error``.
     """
-    for n, message in enumerate(_messages(body)):
+    for n, message in enumerate(messages_of(body)):
         if message.get("role") != "system":
             continue
         if "clear_at" in message and message["clear_at"] not in (*_CLEAR_AT, None):
             raise invalid(f"messages.{n}.clear_at: Input should be 'next_user_message' or 'never'")
-        for m, block in enumerate(_blocks(message)):
+        for m, block in enumerate(blocks_of(message)):
             _check_system_block(f"messages.{n}.content.{m}", block, betas)
 
 
@@ -100,8 +100,8 @@ def callable_tools(body: dict) -> list[dict]:
         body.get("tools"), list) else []
     by_name = {tool["name"]: tool for tool in declared}
     offered = {tool["name"]: tool for tool in declared if tool.get("defer_loading") is not True}
-    for message in _messages(body):
-        for block in _blocks(message):
+    for message in messages_of(body):
+        for block in blocks_of(message):
             if message.get("role") == "system" and block.get("type") in ("tool_addition", "tool_removal"):
                 _apply_change(block, by_name, offered)
                 continue

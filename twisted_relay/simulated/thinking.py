@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import ujson
 
-from twisted_relay.simulated.base import _messages, canonical, invalid
+from twisted_relay.simulated.base import messages_of, canonical, invalid
 from twisted_relay.simulated.system_messages import names_loaded
 
 __all__ = [
@@ -179,7 +179,7 @@ def _walk(body: dict, at_block: Callable[[int, int, dict, str], None]) -> Any:
     digest = _hasher(body)
     deferred = _deferred_tools(body)
     loaded: set = set()
-    for n, message in enumerate(_messages(body)):
+    for n, message in enumerate(messages_of(body)):
         role = message.get("role") if isinstance(message, dict) else None
         digest.update(canonical(["message", role]))
         content = _as_blocks(message.get("content")) if isinstance(message, dict) else None
@@ -331,7 +331,7 @@ def _without(body: dict, dropped: dict) -> dict:
     if not dropped:
         return body
     messages = []
-    for n, message in enumerate(_messages(body)):
+    for n, message in enumerate(messages_of(body)):
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list) and any((n, m) in dropped for m in range(len(content))):
             message = dict(message, content=[block for m, block in enumerate(content) if (n, m) not in dropped])

@@ -25,7 +25,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from twisted_relay.simulated.base import _blocks, _messages, invalid, seeded_rng
+from twisted_relay.simulated.base import blocks_of, messages_of, invalid, seeded_rng
 from twisted_relay.simulated.system_messages import check_system_messages
 from twisted_relay.simulated.thinking import (
     BINDING_BETA,
@@ -154,9 +154,9 @@ def check_version(body: Any, version: str | None) -> None:
     for name in ("temperature", "top_p", "top_k"):
         if name in body:
             raise invalid(f"{name}: Extra inputs are not permitted")
-    for n, message in enumerate(_messages(body)):
+    for n, message in enumerate(messages_of(body)):
         role = message.get("role") if isinstance(message, dict) else None
-        for m, block in enumerate(_blocks(message)):
+        for m, block in enumerate(blocks_of(message)):
             if role == "assistant" and block.get("type") == "document":
                 raise invalid(
                     f"messages.{n}.content.{m}: `document` blocks are not permitted in `assistant` messages"
@@ -243,8 +243,8 @@ def _check_tool_choice(body: dict, family: Family) -> bool:
 
 
 def _in_tool_loop(body: dict) -> bool:
-    messages = _messages(body)
-    return bool(messages) and any(block.get("type") == "tool_result" for block in _blocks(messages[-1]))
+    messages = messages_of(body)
+    return bool(messages) and any(block.get("type") == "tool_result" for block in blocks_of(messages[-1]))
 
 
 @dataclass
