@@ -222,6 +222,22 @@ class LayoutTests(SynchronousTestCase):
                     upward.append("%s -> %s" % (module, other))
         self.assertEqual(sorted(upward), [])
 
+    def test_no_private_imports(self):
+        """No module imports another module's private name (``from twisted_relay.x import _y``)."""
+        modules = package_modules()
+        found = []
+        for name, path in modules.items():
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in _import_nodes(tree):
+                if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(PACKAGE):
+                    continue
+                for alias in node.names:
+                    private = alias.name.startswith("_") and not alias.name.startswith("__")
+                    if private and "%s.%s" % (node.module, alias.name) not in modules:
+                        found.append("%s: %s.%s" % (name, node.module, alias.name))
+        self.assertEqual(found, [])
+
     def test_twisted_internals_import_nothing_of_the_relay(self):
         self.assertEqual(import_graph()["twisted_relay._twisted"], set())
 

@@ -21,6 +21,7 @@ __all__ = [
     "declaration_ids",
     "declares_tool_use",
     "invalid",
+    "is_reference",
     "messages_of",
     "seeded_rng",
 ]
@@ -41,9 +42,9 @@ class Rejection(Exception):
         self.message = message
 
 
-def _invalid(message: str) -> Rejection:
+def invalid(message: str) -> Rejection:
+    """A 400 ``invalid_request_error`` with ``message``."""
     return Rejection(400, "invalid_request_error", message)
-
 
 
 def messages_of(body: Any) -> list:
@@ -66,7 +67,8 @@ def declares_tool_use(block: dict) -> bool:
     return isinstance(kind, str) and (kind == "tool_use" or kind.endswith("_tool_use"))
 
 
-def _is_reference(block: dict) -> bool:
+def is_reference(block: dict) -> bool:
+    """Whether ``block`` refers to a tool use by ``tool_use_id``."""
     return not declares_tool_use(block) and "tool_use_id" in block
 
 
@@ -84,7 +86,8 @@ def declaration_ids(messages: Sequence[Any], kind: str | None = None) -> list[st
     ]
 
 
-def _canonical(value: Any) -> bytes:
+def canonical(value: Any) -> bytes:
+    """``value`` as JSON bytes whose form depends on its value alone (sorted keys)."""
     # ASCII escapes: a lone surrogate (valid JSON) has no UTF-8 form.
     return ujson.dumps(value, sort_keys=True, ensure_ascii=True).encode("ascii")
 
@@ -101,15 +104,10 @@ def conversation_key(session_id: str | None, body: Any) -> str:
         return "session:" + session_id
     messages = messages_of(body)
     first = messages[0] if messages else None
-    return "first:" + hashlib.sha256(_canonical(first)).hexdigest()
+    return "first:" + hashlib.sha256(canonical(first)).hexdigest()
 
 
 def seeded_rng(*parts: Any) -> random.Random:
     """A random generator that is a function of ``parts`` (JSON values) alone."""
-    digest = hashlib.sha256(_canonical(list(parts))).digest()
+    digest = hashlib.sha256(canonical(list(parts))).digest()
     return random.Random(int.from_bytes(digest[:16], "big"))
-
-
-
-canonical = _canonical
-invalid = _invalid

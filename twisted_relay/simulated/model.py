@@ -27,9 +27,9 @@ import ujson
 from twisted_relay.simulated.base import (
     Rejection,
     blocks_of,
-    _invalid,
+    invalid,
     declares_tool_use,
-    _is_reference,
+    is_reference,
     messages_of,
     conversation_key,
     declaration_ids,
@@ -200,52 +200,52 @@ def check_shape(body: Any, *, for_count: bool = False, system_role: bool = False
     :raises Rejection: with pydantic-style locations, as Anthropic words them.
     """
     if not isinstance(body, dict):
-        raise _invalid("Input should be a valid dictionary")
+        raise invalid("Input should be a valid dictionary")
     if "model" not in body:
-        raise _invalid("model: Field required")
+        raise invalid("model: Field required")
     if not isinstance(body["model"], str):
-        raise _invalid("model: Input should be a valid string")
+        raise invalid("model: Input should be a valid string")
     if not for_count:
         if "max_tokens" not in body:
-            raise _invalid("max_tokens: Field required")
+            raise invalid("max_tokens: Field required")
         max_tokens = body["max_tokens"]
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-            raise _invalid("max_tokens: Input should be a valid integer")
+            raise invalid("max_tokens: Input should be a valid integer")
         if max_tokens < 1:
-            raise _invalid("max_tokens: Input should be greater than or equal to 1")
+            raise invalid("max_tokens: Input should be greater than or equal to 1")
         if "stream" in body and not isinstance(body["stream"], bool):
-            raise _invalid("stream: Input should be a valid boolean")
+            raise invalid("stream: Input should be a valid boolean")
     if "tools" in body and not isinstance(body["tools"], list):
-        raise _invalid("tools: Input should be a valid list")
+        raise invalid("tools: Input should be a valid list")
     if "messages" not in body:
-        raise _invalid("messages: Field required")
+        raise invalid("messages: Field required")
     messages = body["messages"]
     if not isinstance(messages, list):
-        raise _invalid("messages: Input should be a valid list")
+        raise invalid("messages: Input should be a valid list")
     if not messages:
-        raise _invalid("messages: at least one message is required")
+        raise invalid("messages: at least one message is required")
     for n, message in enumerate(messages):
         _check_message_shape(n, message, system_role)
 
 
 def _check_message_shape(n: int, message: Any, system_role: bool) -> None:
     if not isinstance(message, dict):
-        raise _invalid(f"messages.{n}: Input should be a valid dictionary")
+        raise invalid(f"messages.{n}: Input should be a valid dictionary")
     if message.get("role") not in ("user", "assistant", "system" if system_role else "user"):
         expected = "'user', 'assistant' or 'system'" if system_role else "'user' or 'assistant'"
-        raise _invalid(f"messages.{n}.role: Input should be {expected}")
+        raise invalid(f"messages.{n}.role: Input should be {expected}")
     if "content" not in message:
-        raise _invalid(f"messages.{n}.content: Field required")
+        raise invalid(f"messages.{n}.content: Field required")
     content = message["content"]
     if isinstance(content, str):
         return
     if not isinstance(content, list):
-        raise _invalid(f"messages.{n}.content: Input should be a valid list")
+        raise invalid(f"messages.{n}.content: Input should be a valid list")
     for m, block in enumerate(content):
         if not isinstance(block, dict):
-            raise _invalid(f"messages.{n}.content.{m}: Input should be a valid dictionary")
+            raise invalid(f"messages.{n}.content.{m}: Input should be a valid dictionary")
         if not isinstance(block.get("type"), str):
-            raise _invalid(f"messages.{n}.content.{m}.type: Field required")
+            raise invalid(f"messages.{n}.content.{m}.type: Field required")
 
 
 def _check_declaration_pattern(n: int, m: int, block: dict) -> None:
@@ -256,7 +256,7 @@ def _check_declaration_pattern(n: int, m: int, block: dict) -> None:
     else:
         regex, pattern = _TOOL_USE_RE, _TOOL_USE_PATTERN
     if not isinstance(value, str) or regex.fullmatch(value) is None:
-        raise _invalid(f"messages.{n}.content.{m}.{kind}.id: String should match pattern '{pattern}'")
+        raise invalid(f"messages.{n}.content.{m}.{kind}.id: String should match pattern '{pattern}'")
 
 
 def check_id_pattern(messages: Sequence[dict], pattern: str) -> None:
@@ -277,7 +277,7 @@ def check_id_pattern(messages: Sequence[dict], pattern: str) -> None:
             else:
                 continue
             if not isinstance(value, str) or regex.fullmatch(value) is None:
-                raise _invalid(
+                raise invalid(
                     f"messages.{n}.content.{m}.{kind}.{field}: String should match pattern '{pattern}'"
                 )
 
@@ -311,9 +311,9 @@ def check_thinking(body: dict, secret: str, manual_only: bool = False) -> None:
                 text, signature = block.get("thinking"), block.get("signature")
                 if not (isinstance(text, str) and isinstance(signature, str)
                         and hmac.compare_digest(signature, sign_thinking(secret, text))):
-                    raise _invalid(f"messages.{n}.content.{m}: Invalid `signature` in `thinking` block")
+                    raise invalid(f"messages.{n}.content.{m}: Invalid `signature` in `thinking` block")
             elif kind == "redacted_thinking":
-                raise _invalid(f"messages.{n}.content.{m}: Invalid `data` in `redacted_thinking` block")
+                raise invalid(f"messages.{n}.content.{m}: Invalid `data` in `redacted_thinking` block")
     thinking = body.get("thinking")
     if not _thinking_on(body) or manual_only and not (isinstance(thinking, dict) and thinking["type"] == "enabled"):
         return
@@ -326,7 +326,7 @@ def check_thinking(body: dict, secret: str, manual_only: bool = False) -> None:
     first = content[0].get("type") if isinstance(content, list) and content and isinstance(content[0], dict) \
         else "text"
     if first not in ("thinking", "redacted_thinking"):
-        raise _invalid(
+        raise invalid(
             f"messages.{last}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
             f"`{first}`. When `thinking` is enabled, a final `assistant` message must start with a thinking "
             "block (preceeding the lastmost set of `tool_use` and `tool_result` blocks). We recommend you "
@@ -338,14 +338,14 @@ def check_thinking(body: dict, secret: str, manual_only: bool = False) -> None:
 
 def _unexpected_result(n: int, m: int, block: dict) -> Rejection:
     if block["type"] == "tool_result":
-        return _invalid(
+        return invalid(
             f"messages.{n}.content.{m}: unexpected `tool_use_id` found in `tool_result` "
             f"blocks: {block.get('tool_use_id')}. Each `tool_result` block must have a "
             "corresponding `tool_use` block in the previous message."
         )
     # Anthropic's wording for a server-tool result without its call is not
     # known; this follows the tool_result sentence.
-    return _invalid(
+    return invalid(
         f"messages.{n}.content.{m}: unexpected `tool_use_id` found in `{block['type']}` "
         f"blocks: {block.get('tool_use_id')}. Each `{block['type']}` block must have a "
         "corresponding `server_tool_use` block before it in the same message."
@@ -378,14 +378,14 @@ def check_strict_ids(messages: Sequence[dict], *, check_pattern: bool = True) ->
                 if check_pattern or block["type"] != "tool_use":
                     _check_declaration_pattern(n, m, block)
                 if block["id"] in seen:
-                    raise _invalid(f"messages.{n}.content.{m}: `tool_use` ids must be unique")
+                    raise invalid(f"messages.{n}.content.{m}: `tool_use` ids must be unique")
                 seen.add(block["id"])
                 calls.append(block["id"])
-            elif _is_reference(block):
+            elif is_reference(block):
                 target = block["tool_use_id"]
                 if block["type"] == "tool_result":
                     if not isinstance(target, str) or (check_pattern and _TOOL_USE_RE.fullmatch(target) is None):
-                        raise _invalid(
+                        raise invalid(
                             f"messages.{n}.content.{m}.tool_result.tool_use_id: "
                             f"String should match pattern '{_TOOL_USE_PATTERN}'"
                         )
@@ -396,7 +396,7 @@ def check_strict_ids(messages: Sequence[dict], *, check_pattern: bool = True) ->
                     raise _unexpected_result(n, m, block)
         missing = [call for call in previous_calls if call not in answered]
         if missing:
-            raise _invalid(
+            raise invalid(
                 f"messages.{n - 1}: `tool_use` ids were found without `tool_result` blocks "
                 f"immediately after: {', '.join(missing)}. Each `tool_use` block must have "
                 "a corresponding `tool_result` block in the next message."
@@ -446,24 +446,24 @@ class ConversationLedger:
                 if declares_tool_use(block):
                     value = block.get("id")
                     if issued is None:
-                        raise _invalid(
+                        raise invalid(
                             f"{where}: `{block['type']}` id {value} belongs to no "
                             "conversation this server knows"
                         )
                     if not isinstance(value, str) or value not in known:
-                        raise _invalid(f"{where}: `{block['type']}` id {value} was never issued")
+                        raise invalid(f"{where}: `{block['type']}` id {value} was never issued")
                     expected = issued[position] if position < len(issued) else None
                     if value != expected:
-                        raise _invalid(
+                        raise invalid(
                             f"{where}: `{block['type']}` id {value} is not the id issued "
                             f"for this block (expected {expected})"
                         )
                     position += 1
                     calls[value] += 1
-                elif _is_reference(block):
+                elif is_reference(block):
                     target = block["tool_use_id"]
                     if not isinstance(target, str) or target not in known:
-                        raise _invalid(f"{where}: `tool_use_id` {target} was never issued")
+                        raise invalid(f"{where}: `tool_use_id` {target} was never issued")
                     # Results are matched to calls by occurrence order: each
                     # consumes one open call with its id.
                     open_calls = previous_calls if block["type"] == "tool_result" else calls
