@@ -173,6 +173,22 @@ class BindingTests(SynchronousTestCase):
         self.assertEqual(sum(1 for m in messages for b in m["content"] if isinstance(b, dict)
                              and b["type"] == "thinking"), 10)
 
+    def test_models_taking_turns(self) -> None:
+        """
+        A conversation switching models each turn: a block the model cannot
+        read is dropped silently (with the beta: listed as a model mismatch),
+        and the blocks after it are still read, as the API does; no 400.
+        """
+        up = _Upstream()
+        messages: list = [{"role": "user", "content": "Fais le tour des outils."}]
+        models = ("claude-sonnet-5-5", "claude-opus-5-5") * 3
+        for model in models:
+            response, answer = up.post(_body(messages, model), headers=BETA)
+            self.assertEqual(response.code, 200, answer)
+            reasons = {entry["reason"] for entry in answer["input_transformations"]}
+            self.assertLessEqual(reasons, {"model_binding_mismatch"})
+            messages = messages + [_assistant(answer), _answer_results(answer)]
+
     def test_value_not_bytes(self) -> None:
         """Key order, string vs one text block, and cache_control do not change the prefix."""
         up = _Upstream()

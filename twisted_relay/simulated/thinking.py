@@ -283,21 +283,25 @@ def bind(body: dict, binding: Binding) -> Bound:
     """
     dropped: dict[tuple[int, int], str] = {}
     transformations: list[dict] = []
-    read: list[str] = []
+    # Every block whose signature verified, dropped or not, in order: the
+    # client sends the dropped ones again, and the next answer names the last.
+    chain: list[str] = []
     run_dropped: list = [None]  # the message whose consecutive run is being dropped
 
     def at_block(n: int, m: int, block: dict, prefix: str) -> None:
         path = f"messages.{n}.content.{m}"
-        if run_dropped[0] == (n, m - 1):
-            dropped[(n, m)] = "prefix_binding_mismatch"
-            run_dropped[0] = (n, m)
-            return
         field = "signature" if block["type"] == "thinking" else "data"
         text = block.get("thinking") if block["type"] == "thinking" else ""
         signature = block.get(field)
         signed = read_signature(binding.secret, signature, text) or _legacy(binding, text, signature)
         if signed is None:
             raise invalid(f"{path}: Invalid `{field}` in `{block['type']}` block")
+        chain_holds = not chain or (chain[-1] == signed.previous and len(chain) <= signed.count)
+        chain.append(signed.tag)
+        if run_dropped[0] == (n, m - 1):
+            dropped[(n, m)] = "prefix_binding_mismatch"
+            run_dropped[0] = (n, m)
+            return
         family = binding.family_of(signed.model) if signed.model is not None else "legacy"
         if family in binding.account_bound and signed.account != binding.account:
             dropped[(n, m)] = "organization_binding_mismatch"
@@ -306,9 +310,9 @@ def bind(body: dict, binding: Binding) -> Bound:
             dropped[(n, m)] = "model_binding_mismatch"
             return
         if binding.prefix != "off":
-            chain_holds = not read or (read[-1] == signed.previous and len(read) <= signed.count)
             expected = _mac(binding.secret, "prefix", signed.block_mac, prefix)[:32]
-            same = signed.model is not None and chain_holds and hmac.compare_digest(expected, signed.prefix_mac)
+            # A block from before binding (a year-old model's) carries no prefix to mismatch.
+            same = signed.model is None or (chain_holds and hmac.compare_digest(expected, signed.prefix_mac))
             if not same:
                 if binding.prefix == "error":
                     raise invalid(prefix_mismatch_message(n, m, binding.beta))
@@ -318,13 +322,12 @@ def bind(body: dict, binding: Binding) -> Bound:
                     return
                 transformations.append({"type": "thinking_mismatch_allowed", "path": path,
                                         "reason": "prefix_binding_mismatch"})
-        read.append(signed.tag)
 
     _walk(body, at_block)
     for (n, m), reason in sorted(dropped.items()):
         transformations.append({"type": "thinking_dropped", "path": f"messages.{n}.content.{m}", "reason": reason})
     transformations.sort(key=lambda entry: tuple(int(part) for part in entry["path"].split(".")[1::2]))
-    return Bound(_without(body, dropped), transformations, read[-1] if read else "", len(read))
+    return Bound(_without(body, dropped), transformations, chain[-1] if chain else "", len(chain))
 
 
 def _without(body: dict, dropped: dict) -> dict:
