@@ -77,6 +77,13 @@ class ConversationTests(SynchronousTestCase):
         self.assertEqual(conversation_of(marked), conversation_of(later))
         self.assertEqual(conversation_of(plain), conversation_of(later))
 
+    def test_content_nested_past_recursion(self):
+        """Content nested deeper than Python recurses (ujson parses 1,024 levels) names no conversation: no 500."""
+        deep: list = []
+        for _ in range(1000):
+            deep = [deep]
+        self.assertIsNone(conversation_of({"messages": [{"role": "user", "content": deep}]}))
+
     def test_later_turns_system_tools_model_do_not_change_it(self):
         start = conversation("fix the tests", 0)
         later = dict(conversation("fix the tests", 12), system="other", tools=[{"name": "t"}], model="claude-haiku-5-5")

@@ -61,7 +61,8 @@ def conversation_of(body: Any) -> str | None:
                 canonical = json.dumps(
                     _without_cache_control(content), sort_keys=True, separators=(",", ":"), ensure_ascii=False
                 )
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecursionError):
+                # Content nested deeper than Python recurses: no conversation of its own.
                 return None
             return hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
     return None

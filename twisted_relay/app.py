@@ -34,8 +34,6 @@ from twisted_relay._json import to_json
 from twisted_relay._version import __version__
 from twisted_relay.answer import (
     JSON_CONTENT_TYPE,
-    RELAY_REQUEST_ID_HEADER,
-    RELAY_UPSTREAM_HEADER,
     error_answer,
     stamp_request_id,
 )
@@ -56,7 +54,7 @@ from twisted_relay.relayed_request import (
 from twisted_relay.routing import RetryRule, Router
 from twisted_relay.upstream import UpstreamClient, UpstreamClients
 
-__all__ = ["RelayApp", "RELAY_REQUEST_ID_HEADER", "RELAY_UPSTREAM_HEADER"]
+__all__ = ["RelayApp"]
 
 class RelayApp:
     """
@@ -93,7 +91,6 @@ class RelayApp:
         threads: ThreadKeeper | None = None,
         router: Router | None = None,
     ):
-        self._config = config
         self.requests = InFlight(reactor)
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Message threads held by the relay (docs/threads.md).
@@ -135,6 +132,7 @@ class RelayApp:
         context = self._context
         self._context = replace(
             context,
+            config=router.config,
             router=router,
             clients=clients,
             secrets=tuple(dict.fromkeys(context.secrets + router.config.secrets())),
@@ -201,7 +199,7 @@ class RelayApp:
     @app.route("/metrics", methods=["GET"])
     def metrics_page(self, request):
         """Prometheus metrics, when enabled."""
-        if not self._config.metrics:
+        if not self._context.config.metrics:
             raise NotFound()
         stamp_request_id(request)
         return self.metrics.resource()

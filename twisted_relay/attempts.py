@@ -283,7 +283,7 @@ class Attempts:
         if context.dumps is not None:
             exchange = Exchange(
                 request_id=relayed.id,
-                received_at=time.time(),
+                received_at=relayed.received_at,
                 url=context.clients[name].display_url + sent.path,
                 client_headers=relayed.request.requestHeaders,
                 client_body=self._raw,
@@ -292,6 +292,7 @@ class Attempts:
                 translation=sent.translation,
                 attempt=attempt,
                 attempts=self.labels() + ["%s (400, bound to a different conversation)" % (attempt.label,)],
+                attribution=relayed.attribution or None,
             )
             context.dumps.submit(replace(exchange.dump(response, answer), note=note))
         if self.plan.conversation is not None:

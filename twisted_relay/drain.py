@@ -90,7 +90,9 @@ class InFlight:
                 count=len(self.active),
             )
             for request in list(self.active):
-                close_now(request.channel.transport)
+                channel = request.channel
+                if channel is not None:  # None once its connection is lost
+                    close_now(channel.transport)
             self._idle_waiters.remove(waiter)
             waiter.callback(None)
 

@@ -28,6 +28,7 @@ from twisted.logger import Logger
 
 from twisted_relay._json import to_json
 from twisted_relay.answer import (
+    JSON_CONTENT_TYPE,
     RELAY_REQUEST_ID_HEADER,
     Answer,
     Exchange,
@@ -146,6 +147,8 @@ class RelayedRequest:
         self.model_id = model_id
         self.id = new_request_id()
         self.started = context.reactor.seconds()
+        #: When the request came (wall clock), for its dumps; set as it is relayed.
+        self.received_at: float | None = None
         self.turn = None
         # What the log line and the metrics say.
         self.status: int | None = None
@@ -235,7 +238,7 @@ class RelayedRequest:
 
     async def _relay(self):
         context, request, route = self.context, self.request, self.route
-        received_at = time.time()
+        received_at = self.received_at = time.time()
         raw = body = None
         stream_asked = False
         try:
@@ -302,7 +305,7 @@ class RelayedRequest:
             error = RelayError(404, "model: %s" % (bounded(model_id),))
             self.error = error.message
             return error_answer(request, error, self.id)
-        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"content-type", JSON_CONTENT_TYPE)
         return whole(request, body)
 
     async def _open_thread(self, body: dict, raw: bytes) -> tuple[dict, bytes]:
