@@ -71,6 +71,8 @@ class RelayApp:
         ``config`` when ``None``.
     :param router: where each request goes (:mod:`twisted_relay.routing`);
         one made from ``config`` when ``None``.
+    :param ledger: where each answer's usage is recorded
+        (:class:`~twisted_relay.usage.UsageRecord`), or ``None``.
     :ivar requests: the requests in flight, and their draining
         (:class:`~twisted_relay.drain.InFlight`).
     """
@@ -90,6 +92,7 @@ class RelayApp:
         metrics: RelayMetrics | None = None,
         threads: ThreadKeeper | None = None,
         router: Router | None = None,
+        ledger=None,
     ):
         self.requests = InFlight(reactor)
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
@@ -109,6 +112,7 @@ class RelayApp:
             clients=clients,
             retry=RetryRule.from_config(config),
             in_flight=self.requests,
+            ledger=ledger,
         )
         # Read when scraped: no work per request.
         self.metrics.watch_active_requests(lambda: self.requests.count)

@@ -84,6 +84,8 @@ class RequestContext:
     :ivar clients: the upstream clients, by upstream name.
     :ivar retry: when an attempt is sent again to the same target.
     :ivar in_flight: the requests in flight (``begin``/``end``, ``count``).
+    :ivar ledger: where each answer's usage goes (an object with
+        ``record(UsageRecord)`` that never blocks nor raises), or ``None``.
     """
 
     config: RelayConfig
@@ -98,6 +100,7 @@ class RequestContext:
     clients: UpstreamClients
     retry: RetryRule
     in_flight: InFlight
+    ledger: Any = None
 
 
 @dataclass(frozen=True, slots=True)
