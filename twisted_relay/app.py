@@ -107,13 +107,14 @@ class RelayApp:
             dumps=dumps,
             threads=self.threads,
             secrets=config.secrets(),
-            relay_keys=tuple(key.encode("utf-8") for key in config.relay_keys),
+            relay_keys=tuple((relay_key.key.encode("utf-8"), relay_key) for relay_key in config.relay_keys),
             router=router if router is not None else Router(config, reactor),
             clients=clients,
             retry=RetryRule.from_config(config),
             in_flight=self.requests,
             ledger=ledger,
         )
+        self.metrics.know_models(config.prices.models)
         # Read when scraped: no work per request.
         self.metrics.watch_active_requests(lambda: self.requests.count)
         self.metrics.watch_router(lambda: self._context.router)
@@ -134,6 +135,7 @@ class RelayApp:
         new configuration are redacted too (those of the old one still are).
         """
         context = self._context
+        self.metrics.know_models(router.config.prices.models)
         self._context = replace(
             context,
             config=router.config,

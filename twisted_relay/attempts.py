@@ -293,6 +293,7 @@ class Attempts:
                 attempt=attempt,
                 attempts=self.labels() + ["%s (400, bound to a different conversation)" % (attempt.label,)],
                 attribution=relayed.attribution or None,
+                relay_key=relayed.relay_key,
             )
             context.dumps.submit(replace(exchange.dump(response, answer), note=note))
         if self.plan.conversation is not None:

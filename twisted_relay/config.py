@@ -16,10 +16,13 @@ No repr here shows a key: an upstream's pool is shown by its size.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
+from twisted_relay.prices import DEFAULT_PRICES, PriceTable
 from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
 __all__ = [
@@ -28,14 +31,17 @@ __all__ = [
     "DEFAULT_UPSTREAM_NAME",
     "MiB",
     "RelayConfig",
+    "RelayKey",
     "Route",
     "Target",
     "Upstream",
     "default_bodies_in_flight",
     "every_upstream_route",
     "id_pattern_setting",
+    "key_name_problem",
     "one_upstream",
     "rules_for",
+    "unique_relay_keys",
 ]
 
 MiB = 1024 * 1024
@@ -99,6 +105,43 @@ class Upstream:
             "%s=%r" % (f.name, getattr(self, f.name)) for f in fields(self) if f.repr
         )
         return "Upstream(%s, keys=<%d>)" % (shown, len(self.keys))
+
+
+#: What a relay key's name and group may hold: a letter or digit, then
+#: letters, digits, ``.``, ``_``, ``@`` and ``-`` (so that a name is a
+#: metric label, a log field and a file name as it is).
+_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+
+
+def key_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a relay key (or its group), or ``None`` when it can."""
+    if not isinstance(name, str) or not _KEY_NAME.match(name):
+        return (
+            "must be 1 to 64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class RelayKey:
+    """
+    A key clients present to the relay, and who it belongs to.
+
+    :ivar key: the key itself. Never shown by ``repr``, never logged.
+    :ivar name: the user it belongs to, as logs, metrics, dumps and the
+        ledger name it; a key given without one is named by a short digest
+        of itself (:meth:`unnamed`).
+    :ivar group: the group (a team) of its user, or ``None``.
+    """
+
+    key: str = field(repr=False)
+    name: str
+    group: str | None = None
+
+    @classmethod
+    def unnamed(cls, key: str) -> "RelayKey":
+        """A key of the one-key-a-line format: named ``key-`` and 8 hex digits of its SHA-256."""
+        return cls(key, "key-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:8])
 
 
 @dataclass(frozen=True)
@@ -229,8 +272,9 @@ class RelayConfig:
     :ivar request_read_timeout: seconds a client may take to send a whole
         request (headers and body); slower ones are cut (slowloris).
     :ivar relay_keys: keys clients must present (``x-api-key`` or
-        ``Authorization: Bearer``); empty lets every client in. A relay key
-        is never forwarded upstream.
+        ``Authorization: Bearer``), each with the name of its user
+        (:class:`RelayKey`; a plain string is a key named by its digest);
+        empty lets every client in. A relay key is never forwarded upstream.
     :ivar max_concurrent: requests relayed upstream at once; past it the
         relay answers ``529 overloaded_error`` at once. 0 for no limit.
     :ivar retries: times a request is sent again after a failure before any
@@ -288,6 +332,8 @@ class RelayConfig:
         sends the request once more to the same key with
         ``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``
         (and its beta); ``off`` passes the 400 on.
+    :ivar prices: what answers cost (:class:`~twisted_relay.prices.PriceTable`):
+        the table the relay ships, with a ``--config`` file's ``[prices]``.
     :ivar config_file: the ``--config`` file these settings came from, read
         again by :meth:`twisted_relay.service.Relay.reload`; ``None`` when
         there is none.
@@ -307,7 +353,7 @@ class RelayConfig:
     dump_retention_bytes: int = 1024 * MiB
     total_timeout: float = 0.0
     request_read_timeout: float = 120.0
-    relay_keys: tuple[str, ...] = ()
+    relay_keys: tuple[RelayKey, ...] = ()
     max_concurrent: int = 4096
     retries: int = 0
     retry_statuses: tuple[int, ...] = (429, 500, 502, 503, 504, 529)
@@ -331,9 +377,11 @@ class RelayConfig:
     thread_ttl: float = 300.0
     thread_max_count: int = 10_000
     thread_max_bytes: int = 512 * MiB
+    prices: PriceTable = field(default=DEFAULT_PRICES, repr=False)
     config_file: str | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "relay_keys", tuple(_relay_key(key) for key in self.relay_keys))
         object.__setattr__(self, "upstreams", tuple(self.upstreams))
         if not self.upstreams:
             raise ValueError("a relay needs at least one upstream")
@@ -380,11 +428,16 @@ class RelayConfig:
     def secrets(self) -> tuple[str, ...]:
         """Every key this configuration holds, for redaction."""
         pools = tuple(key for upstream in self.upstreams for key in upstream.keys)
-        return tuple(dict.fromkeys(s for s in pools + tuple(self.relay_keys) if s))
+        relay_keys = tuple(relay_key.key for relay_key in self.relay_keys)
+        return tuple(dict.fromkeys(s for s in pools + relay_keys if s))
 
     def to_dict(self) -> dict:
         """Every setting as plain JSON-able values (keys included: keep it private)."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        values["relay_keys"] = [
+            {"key": k.key, "name": k.name, "group": k.group} for k in self.relay_keys
+        ]
+        values["prices"] = self.prices.to_dict()
         values["upstreams"] = [{f.name: getattr(u, f.name) for f in fields(u)} for u in self.upstreams]
         values["routes"] = [
             {
@@ -402,6 +455,8 @@ class RelayConfig:
     def from_dict(cls, values: dict) -> "RelayConfig":
         """The configuration :meth:`to_dict` described."""
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        if "prices" in values:
+            values["prices"] = PriceTable.from_dict(values["prices"])
         upstreams = tuple(
             Upstream(**{k: tuple(v) if isinstance(v, list) else v for k, v in u.items()})
             for u in values.pop("upstreams", ())
@@ -417,6 +472,36 @@ class RelayConfig:
             for r in values.pop("routes", ())
         )
         return cls(upstreams=upstreams, routes=routes, **values)
+
+
+def unique_relay_keys(keys) -> tuple[RelayKey, ...]:
+    """
+    ``keys`` as a tuple, checked: no key given twice (but a line repeated
+    whole counts once), no name given to two keys (a user with several keys
+    names each differently).
+
+    :raises ValueError: naming the name at fault, never a key.
+    """
+    keys = tuple(dict.fromkeys(keys))  # the same key under the same name, once
+    names: set[str] = set()
+    seen: set[str] = set()
+    for relay_key in keys:
+        if relay_key.key in seen:
+            raise ValueError("the key named %s is given twice" % (relay_key.name,))
+        if relay_key.name in names:
+            raise ValueError("two keys are named %s; each key needs a name of its own" % (relay_key.name,))
+        seen.add(relay_key.key)
+        names.add(relay_key.name)
+    return keys
+
+
+def _relay_key(value) -> RelayKey:
+    """A :class:`RelayKey` from itself, a plain key (named by its digest) or the dict :meth:`RelayConfig.to_dict` writes."""
+    if isinstance(value, RelayKey):
+        return value
+    if isinstance(value, dict):
+        return RelayKey(value["key"], value["name"], value.get("group"))
+    return RelayKey.unnamed(value)
 
 
 def id_pattern_setting(value: str) -> str | None:

@@ -28,6 +28,7 @@ from twisted.logger import Logger
 
 from twisted_relay._json import to_json
 from twisted_relay.answer import (
+    CLIENT_GONE_STATUS,
     JSON_CONTENT_TYPE,
     RELAY_REQUEST_ID_HEADER,
     Answer,
@@ -38,7 +39,7 @@ from twisted_relay.answer import (
     whole,
 )
 from twisted_relay.attempts import Attempts
-from twisted_relay.config import RelayConfig
+from twisted_relay.config import RelayConfig, RelayKey
 from twisted_relay.drain import InFlight
 from twisted_relay.errors import RelayError, capability_rejected
 from twisted_relay.logs import bounded
@@ -61,8 +62,6 @@ __all__ = [
     "upstream_path",
 ]
 
-# What the log and the metrics call a request whose client went away.
-_CLIENT_GONE = 499
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +78,8 @@ class RequestContext:
         or ``None`` for no dumps.
     :ivar threads: the message threads the relay holds.
     :ivar secrets: every key to remove from what upstreams send back.
-    :ivar relay_keys: the keys a client must present, as bytes (none: open).
+    :ivar relay_keys: the keys a client must present, as bytes, each with
+        its :class:`~twisted_relay.config.RelayKey` (none: open).
     :ivar router: where requests go.
     :ivar clients: the upstream clients, by upstream name.
     :ivar retry: when an attempt is sent again to the same target.
@@ -95,7 +95,7 @@ class RequestContext:
     dumps: Any
     threads: ThreadKeeper
     secrets: tuple[str, ...]
-    relay_keys: tuple[bytes, ...]
+    relay_keys: tuple[tuple[bytes, RelayKey], ...]
     router: Router
     clients: UpstreamClients
     retry: RetryRule
@@ -105,16 +105,21 @@ class RequestContext:
 
 @dataclass(frozen=True, slots=True)
 class RouteKind:
-    """What a relayed route does: its name in logs and metrics, whether it reads a Messages body, and how it answers."""
+    """
+    What a relayed route does: its name in logs and metrics, whether it
+    reads a Messages body, how it answers, and whether its answers are
+    metered (:mod:`twisted_relay.metering`).
+    """
 
     name: str
     has_body: bool
     stream_ok: bool
     translate_answer: bool
     threads: bool = False
+    metered: bool = False
 
 
-MESSAGES = RouteKind("messages", has_body=True, stream_ok=True, translate_answer=True, threads=True)
+MESSAGES = RouteKind("messages", has_body=True, stream_ok=True, translate_answer=True, threads=True, metered=True)
 COUNT_TOKENS = RouteKind("count_tokens", has_body=True, stream_ok=False, translate_answer=False)
 MODELS = RouteKind("models", has_body=False, stream_ok=False, translate_answer=False)
 
@@ -139,8 +144,13 @@ class RelayedRequest:
     :ivar stream: its answer is streamed (for the log line).
     :ivar error: what went wrong, for the log line.
     :ivar attribution: Claude Code's attribution headers the client sent
-        (``x-claude-code-session-id`` ...), bounded, for the log line and
-        dumps (:func:`~twisted_relay.upstream_headers.attribution_of`).
+        (``x-claude-code-session-id`` ...), bounded, for the log line,
+        dumps and its usage record
+        (:func:`~twisted_relay.upstream_headers.attribution_of`).
+    :ivar relay_key: the relay key it presented
+        (:class:`~twisted_relay.config.RelayKey`: its name for the log
+        line, dumps and usage), ``None`` when the relay takes every client.
+    :ivar requested_model: the ``model`` of its body, if it named one.
     """
 
     def __init__(self, context: RequestContext, request, route: RouteKind, model_id: str | None = None):
@@ -160,6 +170,8 @@ class RelayedRequest:
         self.attribution = {
             name: redact_text(value, context.secrets) for name, value in attribution_of(request.requestHeaders).items()
         }
+        self.relay_key: RelayKey | None = None
+        self.requested_model: str | None = None
         self._attempts: Attempts | None = None
         self._waiting: Deferred | None = None
         self._over_time = False
@@ -179,7 +191,7 @@ class RelayedRequest:
         try:
             return await self._relay()
         except CancelledError:
-            self.status = _CLIENT_GONE
+            self.status = CLIENT_GONE_STATUS
             # The client's transport stops the stream before the request
             # hears of the lost connection; wait until it has, so Klein knows
             # the request is gone and does not treat the cancellation as a
@@ -245,7 +257,7 @@ class RelayedRequest:
         raw = body = None
         stream_asked = False
         try:
-            _admit(context, request)
+            self.relay_key = _admit(context, request)
             # Checked before anything is read or sent: a path that could
             # leave the upstream's base path is never sent.
             path = upstream_path(request)
@@ -253,6 +265,8 @@ class RelayedRequest:
             if route.has_body:
                 raw = _read_body(context.config, request)
                 body = _parse_messages_body(raw)
+                model = body.get("model")
+                self.requested_model = model if isinstance(model, str) else None
                 if route.threads and "thread" in body:
                     body, raw = await self._open_thread(body, raw)
                 stream_asked = body.get("stream") is True
@@ -284,7 +298,7 @@ class RelayedRequest:
         exchange = Exchange(
             self.id, received_at, context.clients[attempt.upstream.name].display_url + sent.path,
             request.requestHeaders, raw, sent.headers, sent.body, sent.translation, attempt, attempts.labels(),
-            self.attribution,
+            self.attribution, self.relay_key,
         )
         answer = Answer(context, self, attempts, response, exchange)
         answer.set_headers()
@@ -359,6 +373,7 @@ class RelayedRequest:
             upstream_model=None if attempt is None or attempt.model is None else bounded(attempt.model),
             attempts=None if attempts is None else attempts.labels(),
             attribution=self.attribution or None,
+            relay_key=None if self.relay_key is None else self.relay_key.name,
         )
 
 
@@ -416,16 +431,22 @@ def upstream_path(request) -> str:
 # -- admission ------------------------------------------------------------------
 
 
-def _admit(context: RequestContext, request) -> None:
-    """Refuse a request the relay must not take now, and say why."""
+def _admit(context: RequestContext, request) -> RelayKey | None:
+    """
+    Refuse a request the relay must not take now, and say why; return the
+    relay key it presented (``None`` when the relay takes every client).
+    """
+    relay_key = None
+    if context.relay_keys:
+        relay_key = _key_of(context.relay_keys, request)
+        if relay_key is None:
+            raise RelayError(
+                401,
+                "The relay requires a relay key in x-api-key or Authorization: Bearer.",
+            )
     # While draining, requests on connections still open are served (a
     # load balancer does not resend a refused POST); each such
     # connection closes as its answer ends (drain.py).
-    if context.relay_keys and not _key_allowed(context.relay_keys, request):
-        raise RelayError(
-            401,
-            "The relay requires a relay key in x-api-key or Authorization: Bearer.",
-        )
     limit = context.config.max_concurrent
     if limit and context.in_flight.count > limit:
         raise RelayError(
@@ -433,22 +454,25 @@ def _admit(context: RequestContext, request) -> None:
             "The relay is handling %d requests, its limit; try again shortly." % (limit,),
             kind="overloaded",
         )
+    return relay_key
 
 
-def _key_allowed(relay_keys: tuple[bytes, ...], request) -> bool:
+def _key_of(relay_keys: tuple[tuple[bytes, RelayKey], ...], request) -> RelayKey | None:
+    """The relay key the request presents (``x-api-key`` or ``Authorization: Bearer``), or ``None``."""
     presented = []
     presented.extend(request.requestHeaders.getRawHeaders(b"x-api-key", []))
     for value in request.requestHeaders.getRawHeaders(b"authorization", []):
         scheme, _, token = value.partition(b" ")
         if scheme.lower() == b"bearer":
             presented.append(token.strip())
-    allowed = False
+    found = None
     # Compare every presented key with every relay key, in constant time
     # per comparison, and never stop early.
     for candidate in presented:
-        for key in relay_keys:
-            allowed |= hmac.compare_digest(candidate, key)
-    return allowed
+        for key, relay_key in relay_keys:
+            if hmac.compare_digest(candidate, key) and found is None:
+                found = relay_key
+    return found
 
 
 def _read_body(config: RelayConfig, request) -> bytes:

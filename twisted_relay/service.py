@@ -290,6 +290,8 @@ class Relay:
         was built from (see :func:`twisted_relay.settings.config_from`);
         :meth:`reload` reads ``config.config_file`` again with them. ``None``
         (an application that embeds the relay): none.
+    :param ledger: where each answer's usage record goes (an object with
+        ``record(UsageRecord)`` that never blocks nor raises), or ``None``.
     """
 
     def __init__(
@@ -299,6 +301,7 @@ class Relay:
         *,
         worker: bool = False,
         command_line: Mapping[str, object] | None = None,
+        ledger=None,
     ):
         if reactor is None:
             from twisted.internet import reactor
@@ -336,7 +339,8 @@ class Relay:
             shared_metrics = SharedMetricsFolder()
         self.metrics = RelayMetrics(self.dumps)
         self.app = RelayApp(
-            config, self.clients, reactor=reactor, dumps=self.dumps, metrics=self.metrics, router=self.router
+            config, self.clients, reactor=reactor, dumps=self.dumps, metrics=self.metrics, router=self.router,
+            ledger=ledger,
         )
 
         self.service = _RelayService(

@@ -31,11 +31,14 @@ from twisted_relay.config import (
     DEFAULT_UPSTREAM,
     DEFAULT_UPSTREAM_NAME,
     RelayConfig,
+    RelayKey,
     default_bodies_in_flight,
     every_upstream_route,
     id_pattern_setting,
+    key_name_problem,
     one_upstream,
     parse_size,
+    unique_relay_keys,
 )
 from twisted_relay.configfile import ConfigFileError, FileSettings, load
 from twisted_relay.message_threads.model import THREAD_MODES
@@ -203,7 +206,7 @@ FLAGS = [
 
 #: The settings a reload changes; the others keep their running values
 #: until the relay is started again.
-RELOADED_SETTINGS = ("upstreams", "routes", "breaker_failures", "breaker_cooldown", "key_rest")
+RELOADED_SETTINGS = ("upstreams", "routes", "breaker_failures", "breaker_cooldown", "key_rest", "prices")
 
 _SIMULATED_MODES = ("strict", "stateful", "lenient")
 # The values of --simulate-threads and --simulate-api, as the simulated upstream
@@ -322,6 +325,13 @@ def _with_file(config: RelayConfig, settings: FileSettings, given: set) -> Relay
             changes["threads"] = first.threads
     elif routes:
         changes["routes"] = routes
+    if settings.relay_keys:
+        try:
+            changes["relay_keys"] = unique_relay_keys(config.relay_keys + settings.relay_keys)
+        except ValueError as e:
+            raise SettingsError("%s: [relay-keys] with --relay-keys: %s" % (settings.path, e))
+    if settings.prices is not None:
+        changes["prices"] = settings.prices
     return config.with_changes(**changes)
 
 
@@ -511,17 +521,46 @@ def _whole(name: str, value: str) -> int:
     return number
 
 
-def _read_keys(path: str) -> tuple[str, ...]:
-    """Read a relay keys file: one key a line; blank lines and ``#`` comments skipped."""
+def _read_keys(path: str) -> tuple[RelayKey, ...]:
+    """
+    Read a relay keys file: one key a line, either alone (named by a short
+    digest of itself) or as ``NAME = KEY`` or ``NAME GROUP = KEY`` (the user
+    the key belongs to, and their team); blank lines and ``#`` comments
+    skipped. A mistake names the line, never its key.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise SettingsError("--relay-keys: cannot read %r: %s" % (path, e))
-    keys = tuple(line.strip() for line in lines if line.strip() and not line.strip().startswith("#"))
+    keys = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        where = "--relay-keys: %r line %d" % (path, number)
+        words = text.split()
+        if len(words) == 1:
+            keys.append(RelayKey.unnamed(text))
+            continue
+        # A key holds no space, so "=" alone between spaces is the separator
+        # (a key may hold "=" itself, as base64 does).
+        if len(words) not in (3, 4) or words[-2] != "=":
+            raise SettingsError("%s: write KEY, NAME = KEY or NAME GROUP = KEY (a key holds no space)." % (where,))
+        key, names = words[-1], words[:-2]
+        if not key.isprintable():
+            raise SettingsError("%s: the key holds control characters, which no key holds." % (where,))
+        for word in names:
+            problem = key_name_problem(word)
+            if problem is not None:
+                raise SettingsError("%s: a name or group %s." % (where, problem))
+        keys.append(RelayKey(key, names[0], names[1] if len(names) == 2 else None))
     if not keys:
         raise SettingsError("--relay-keys: %r holds no key." % (path,))
-    return keys
+    try:
+        return unique_relay_keys(keys)
+    except ValueError as e:
+        raise SettingsError("--relay-keys: %r: %s" % (path, e))
 
 
 def _bodies_in_flight(value: str | None) -> int:
