@@ -254,7 +254,24 @@ class ServedRelay:
         return "http://127.0.0.1:%d" % (self.port,)
 
 
-def serve_relay(testcase, config: RelayConfig, reactor=None) -> ServedRelay:
+class RecordingLedger:
+    """
+    A ledger that keeps in a list every usage record the relay hands it
+    (``record(UsageRecord)``, as the relay's ledgers take them), for tests
+    to read.
+
+    :ivar records: the :class:`~twisted_relay.usage.UsageRecord` handed over, in order.
+    """
+
+    def __init__(self):
+        self.records: list = []
+
+    def record(self, row) -> None:
+        """Keep ``row``."""
+        self.records.append(row)
+
+
+def serve_relay(testcase, config: RelayConfig, reactor=None, *, ledger=None) -> ServedRelay:
     """
     Serve the relay of ``config`` on 127.0.0.1 the way ``twistd relay`` does:
     the public :class:`~twisted_relay.service.Relay` built from ``config``
@@ -262,12 +279,15 @@ def serve_relay(testcase, config: RelayConfig, reactor=None) -> ServedRelay:
     ``RelaySite`` and the same services as production), its service started
     (privileged start, then start), and stopped, with its drain, at the
     test's cleanup unless the test stopped it already.
+
+    :param ledger: where the relay hands each usage record (e.g. a
+        :class:`RecordingLedger`).
     """
     if reactor is None:
         from twisted.internet import reactor
     for attempt in range(5):
         port = free_port()
-        relay = Relay(config.with_changes(listen=("tcp:%d:interface=127.0.0.1" % (port,),)), reactor)
+        relay = Relay(config.with_changes(listen=("tcp:%d:interface=127.0.0.1" % (port,),)), reactor, ledger=ledger)
         try:
             relay.service.privilegedStartService()
             relay.service.startService()
