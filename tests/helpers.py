@@ -178,7 +178,8 @@ class InMemoryRelay:
     """
 
     def __init__(
-        self, upstream_resource, config: RelayConfig | None = None, *, dumps=None, clock=None, more_upstreams=None
+        self, upstream_resource, config: RelayConfig | None = None, *, dumps=None, clock=None, more_upstreams=None,
+        ledger=None,
     ):
         self.clock = clock if clock is not None else MemoryReactorClock()
         self.config = config or RelayConfig(listen=(), upstreams=one_upstream(UPSTREAM_URL), dump_dir=None)
@@ -191,7 +192,7 @@ class InMemoryRelay:
         self.clients = UpstreamClients(self.clock, self.config, endpoint_factory=self.network)
         # The first upstream's client.
         self.client = self.clients[self.config.upstreams[0].name]
-        self.app = RelayApp(self.config, self.clients, reactor=self.clock, dumps=dumps)
+        self.app = RelayApp(self.config, self.clients, reactor=self.clock, dumps=dumps, ledger=ledger)
         # The site production builds (RelaySite.for_config), on the test's clock.
         self.site = RelaySite.for_config(self.app.resource(), self.config, reactor=self.clock)
         self.network.listen(b"relay.test", 80, self.site)

@@ -439,7 +439,10 @@ class Answer:
         finally:
             self._meter_end(partial=partial, status=status)
             metrics.active_streams.dec()
-            request.unregisterProducer()
+            # A request whose connection is gone has no channel left to
+            # unregister from (it let go of its producer then).
+            if request.channel is not None:
+                request.unregisterProducer()
 
     # -- metering ---------------------------------------------------------------
 
