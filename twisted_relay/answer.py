@@ -486,11 +486,12 @@ class Answer:
                     "geography or tier): its answers are metered in tokens only",
                     model=bounded(record.model),
                 )
+            if context.ledger is not None:
+                # It never blocks nor raises, by its contract; a bug there
+                # must not end the answer either.
+                context.ledger.record(record)
         except Exception:
             context.log.failure("Metering {relay_request_id} failed", relay_request_id=relayed.id)
-            return
-        if context.ledger is not None:
-            context.ledger.record(record)
 
     def _dump(self, answer: bytes | None, stream_error: dict | None = None) -> None:
         dumps = self._context.dumps
