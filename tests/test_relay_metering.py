@@ -173,6 +173,22 @@ class MeteringTests(SynchronousTestCase):
         self.assertEqual((record.key_name, record.key_group, record.model, record.partial), ("bob", None, MODEL, True))
         self.assertEqual(sum(record.tokens.values()), 0)
 
+    def test_odd_model_names(self) -> None:
+        """A model name no UTF-8 text can hold (a lone surrogate) or of a megabyte: the record,
+        its label and its log line hold it escaped and bounded; no error is logged."""
+        relay = self.relay()
+        for model in (b"claude-\\ud800", b"m" * 1_000_000):
+            raw = b'{"model": "%s", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}' % (model,)
+            response = result(self, relay, relay.post("/v1/messages", raw, headers={"x-api-key": [ALICE.key]}))
+            self.assertEqual(response.code, 200)
+            body_of(self, relay, response)
+        odd, long = self.ledger.records
+        self.assertEqual(odd.model, "claude-\\ud800")
+        self.assertLess(len(long.model), 250)
+        for record in (odd, long):
+            record.model.encode("utf-8")
+            record.usage.encode("ascii")
+
     def test_names_never_keys(self) -> None:
         """The request's log line names the key by its name; no key is in the log, the
         record or the metrics."""

@@ -37,6 +37,7 @@ from typing import Any, Mapping
 
 import ujson
 
+from twisted_relay.logs import bounded
 from twisted_relay.prices import PRICED_KINDS, PriceTable
 from twisted_relay.usage import TOKEN_KINDS, UsageRecord
 
@@ -102,6 +103,17 @@ def tokens_of(usage: Mapping, parts: list[tuple[str | None, dict[str, int]]]) ->
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _model_name(model: str) -> str:
+    """A model name fit for a record, a label and a log line: bounded, and UTF-8
+    (a lone surrogate, which a client or upstream may send, escaped)."""
+    text = bounded(model)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 class AnswerMeter:
@@ -209,11 +221,12 @@ class AnswerMeter:
             agent_id=attribution.get("x-claude-code-agent-id"),
             parent_agent_id=attribution.get("x-claude-code-parent-agent-id"),
             upstream=upstream,
-            model=self.served_model,
+            model=_model_name(self.served_model),
             status=status,
             stream=stream,
             partial=partial,
             tokens=tokens,
             cost=cost,
-            usage=ujson.dumps(self.usage, ensure_ascii=False) if self.usage else "",
+            # ASCII: whatever the upstream sent, the text is UTF-8 (a lone surrogate escaped).
+            usage=ujson.dumps(self.usage, escape_forward_slashes=False) if self.usage else "",
         )
