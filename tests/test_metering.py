@@ -192,6 +192,17 @@ class RecordedStreamTests(SynchronousTestCase):
                 self.assertEqual(meter.served_model, model, name)
                 self.assertEqual(meter.cost(), (tokens, cost), (name, size))
 
+    def test_every_line_ending(self) -> None:
+        """The same streams with CRLF or CR line endings: the same usage."""
+        for name in ("recorded-usage/py_stream-b-fallback.sse", "recorded-sse/py_tool_use_response.txt"):
+            with open(os.path.join(FIXTURES, name), "rb") as f:
+                data = f.read()
+            model, tokens, cost = RECORDED_STREAMS[name]
+            for ending in (b"\r\n", b"\r"):
+                meter, _, gate = _through_gate(data.replace(b"\n", ending) + ending * 2, 61)
+                self.assertTrue(gate.message_stop_seen, (name, ending))
+                self.assertEqual(meter.cost(), (tokens, cost), (name, ending))
+
     def test_today_usage_kept_whole(self) -> None:
         """Every field the upstream reported stays in the record's usage: the cache split and
         geography from message_start, thinking tokens and iterations from message_delta."""

@@ -63,7 +63,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     """
@@ -436,6 +435,9 @@ def _admit(context: RequestContext, request) -> RelayKey | None:
     Refuse a request the relay must not take now, and say why; return the
     relay key it presented (``None`` when the relay takes every client).
     """
+    # While draining, requests on connections still open are served (a
+    # load balancer does not resend a refused POST); each such
+    # connection closes as its answer ends (drain.py).
     relay_key = None
     if context.relay_keys:
         relay_key = _key_of(context.relay_keys, request)
@@ -444,9 +446,6 @@ def _admit(context: RequestContext, request) -> RelayKey | None:
                 401,
                 "The relay requires a relay key in x-api-key or Authorization: Bearer.",
             )
-    # While draining, requests on connections still open are served (a
-    # load balancer does not resend a refused POST); each such
-    # connection closes as its answer ends (drain.py).
     limit = context.config.max_concurrent
     if limit and context.in_flight.count > limit:
         raise RelayError(
