@@ -264,13 +264,12 @@ class RelayedRequest:
             if route.has_body:
                 raw = _read_body(context.config, request)
                 body = _parse_messages_body(raw)
-                model = body.get("model")
-                self.requested_model = model if isinstance(model, str) else None
                 if route.threads and "thread" in body:
                     body, raw = await self._open_thread(body, raw)
                 stream_asked = body.get("stream") is True
                 facts = RequestFacts(body, len(raw))
                 plan = context.router.plan_for(facts)
+                self.requested_model = facts.model
             else:
                 listed = routed_model_ids(context.router.config)
                 if listed is not None:
