@@ -16,13 +16,12 @@ No repr here shows a key: an upstream's pool is shown by its size.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 from twisted_relay.prices import DEFAULT_PRICES, PriceTable
+from twisted_relay.relay_keys import RelayKey
 from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
 __all__ = [
@@ -38,10 +37,8 @@ __all__ = [
     "default_bodies_in_flight",
     "every_upstream_route",
     "id_pattern_setting",
-    "key_name_problem",
     "one_upstream",
     "rules_for",
-    "unique_relay_keys",
 ]
 
 MiB = 1024 * 1024
@@ -105,43 +102,6 @@ class Upstream:
             "%s=%r" % (f.name, getattr(self, f.name)) for f in fields(self) if f.repr
         )
         return "Upstream(%s, keys=<%d>)" % (shown, len(self.keys))
-
-
-#: What a relay key's name and group may hold: a letter or digit, then
-#: letters, digits, ``.``, ``_``, ``@`` and ``-`` (so that a name is a
-#: metric label, a log field and a file name as it is).
-_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
-
-
-def key_name_problem(name: object) -> str | None:
-    """Why ``name`` cannot name a relay key (or its group), or ``None`` when it can."""
-    if not isinstance(name, str) or not _KEY_NAME.match(name):
-        return (
-            "must be 1 to 64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit"
-        )
-    return None
-
-
-@dataclass(frozen=True)
-class RelayKey:
-    """
-    A key clients present to the relay, and who it belongs to.
-
-    :ivar key: the key itself. Never shown by ``repr``, never logged.
-    :ivar name: the user it belongs to, as logs, metrics, dumps and the
-        ledger name it; a key given without one is named by a short digest
-        of itself (:meth:`unnamed`).
-    :ivar group: the group (a team) of its user, or ``None``.
-    """
-
-    key: str = field(repr=False)
-    name: str
-    group: str | None = None
-
-    @classmethod
-    def unnamed(cls, key: str) -> "RelayKey":
-        """A key of the one-key-a-line format: named ``key-`` and 8 hex digits of its SHA-256."""
-        return cls(key, "key-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:8])
 
 
 @dataclass(frozen=True)
@@ -472,27 +432,6 @@ class RelayConfig:
             for r in values.pop("routes", ())
         )
         return cls(upstreams=upstreams, routes=routes, **values)
-
-
-def unique_relay_keys(keys) -> tuple[RelayKey, ...]:
-    """
-    ``keys`` as a tuple, checked: no key given twice (but a line repeated
-    whole counts once), no name given to two keys (a user with several keys
-    names each differently).
-
-    :raises ValueError: naming the name at fault, never a key.
-    """
-    keys = tuple(dict.fromkeys(keys))  # the same key under the same name, once
-    names: set[str] = set()
-    seen: set[str] = set()
-    for relay_key in keys:
-        if relay_key.key in seen:
-            raise ValueError("the key named %s is given twice" % (relay_key.name,))
-        if relay_key.name in names:
-            raise ValueError("two keys are named %s; each key needs a name of its own" % (relay_key.name,))
-        seen.add(relay_key.key)
-        names.add(relay_key.name)
-    return keys
 
 
 def _relay_key(value) -> RelayKey:

@@ -29,17 +29,15 @@ except ModuleNotFoundError:  # Python 3.10
 
 from twisted_relay.config import (
     DEFAULT_UPSTREAM_NAME,
-    RelayKey,
     Route,
     Target,
     Upstream,
     id_pattern_setting,
-    key_name_problem,
     parse_size,
-    unique_relay_keys,
 )
 from twisted_relay.message_threads.model import THREAD_MODES
 from twisted_relay.prices import DEFAULT_PRICES, PriceTable, price_table_from
+from twisted_relay.relay_keys import RelayKey, key_name_problem, unique_relay_keys
 from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
 __all__ = [

@@ -31,17 +31,15 @@ from twisted_relay.config import (
     DEFAULT_UPSTREAM,
     DEFAULT_UPSTREAM_NAME,
     RelayConfig,
-    RelayKey,
     default_bodies_in_flight,
     every_upstream_route,
     id_pattern_setting,
-    key_name_problem,
     one_upstream,
     parse_size,
-    unique_relay_keys,
 )
 from twisted_relay.configfile import ConfigFileError, FileSettings, load
 from twisted_relay.message_threads.model import THREAD_MODES
+from twisted_relay.relay_keys import RelayKey, parse_key_file, unique_relay_keys
 from twisted_relay.translation import POLICIES, UpstreamRules
 
 __all__ = [
@@ -522,45 +520,16 @@ def _whole(name: str, value: str) -> int:
 
 
 def _read_keys(path: str) -> tuple[RelayKey, ...]:
-    """
-    Read a relay keys file: one key a line, either alone (named by a short
-    digest of itself) or as ``NAME = KEY`` or ``NAME GROUP = KEY`` (the user
-    the key belongs to, and their team); blank lines and ``#`` comments
-    skipped. A mistake names the line, never its key.
-    """
+    """Read a relay keys file (:func:`~twisted_relay.relay_keys.parse_key_file`); a mistake never shows a key."""
     try:
         with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+            text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise SettingsError("--relay-keys: cannot read %r: %s" % (path, e))
-    keys = []
-    for number, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        where = "--relay-keys: %r line %d" % (path, number)
-        words = text.split()
-        if len(words) == 1:
-            keys.append(RelayKey.unnamed(text))
-            continue
-        # A key holds no space, so "=" alone between spaces is the separator
-        # (a key may hold "=" itself, as base64 does).
-        if len(words) not in (3, 4) or words[-2] != "=":
-            raise SettingsError("%s: write KEY, NAME = KEY or NAME GROUP = KEY (a key holds no space)." % (where,))
-        key, names = words[-1], words[:-2]
-        if not key.isprintable():
-            raise SettingsError("%s: the key holds control characters, which no key holds." % (where,))
-        for word in names:
-            problem = key_name_problem(word)
-            if problem is not None:
-                raise SettingsError("%s: a name or group %s." % (where, problem))
-        keys.append(RelayKey(key, names[0], names[1] if len(names) == 2 else None))
-    if not keys:
-        raise SettingsError("--relay-keys: %r holds no key." % (path,))
     try:
-        return unique_relay_keys(keys)
+        return parse_key_file(text)
     except ValueError as e:
-        raise SettingsError("--relay-keys: %r: %s" % (path, e))
+        raise SettingsError("--relay-keys: %r %s." % (path, e))
 
 
 def _bodies_in_flight(value: str | None) -> int:
