@@ -38,7 +38,9 @@ from twisted_relay.simulated.base import canonical, messages_of
 __all__ = [
     "KINDS",
     "LOOKBACK",
+    "MAX_TALLIED",
     "MIN_CACHEABLE_TOKENS",
+    "OTHER_USERS",
     "Prompt",
     "PromptCache",
     "ReportedAnswer",
@@ -335,10 +337,18 @@ class ReportedAnswer:
     whole: bool
 
 
+#: The ``(user, model)`` pairs a tally counts apart; later pairs count
+#: under the user :data:`OTHER_USERS`.
+MAX_TALLIED = 10_000
+#: The user of the pairs beyond :data:`MAX_TALLIED`.
+OTHER_USERS = "(other users)"
+
+
 class UsageTally:
     """
     What the simulated upstream reported: the last answers, and totals
-    by user and model of what it billed (:func:`billed`), in this process.
+    by user and model of what it billed (:func:`billed`), in this process
+    (the first :data:`MAX_TALLIED` pairs of user and model apart).
 
     :param keep: answers kept in :attr:`answers`.
     :ivar answers: the last :class:`ReportedAnswer`, oldest first.
@@ -356,7 +366,10 @@ class UsageTally:
         model = str(message.get("model"))
         usage = ujson.loads(ujson.dumps(usage))  # a copy of its own
         self.answers.append(ReportedAnswer(user, model, usage, stream, whole))
-        totals = self._totals.setdefault((user, model), dict.fromkeys(KINDS, 0))
+        key = (user, model)
+        if key not in self._totals and len(self._totals) >= MAX_TALLIED:
+            key = (OTHER_USERS, model)
+        totals = self._totals.setdefault(key, dict.fromkeys(KINDS, 0))
         for kind, count in billed(usage).items():
             totals[kind] += count
 
