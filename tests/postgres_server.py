@@ -165,3 +165,23 @@ class PostgresServer:
                 return True
         except OSError:
             return False
+
+
+_shared: PostgresServer | None = None
+
+
+def shared_server() -> PostgresServer:
+    """
+    One server for every test of this process that needs one (each takes
+    a new database of it): started at the first call, removed at exit. Trial
+    has no per-module fixture; one start (about a second) per run keeps CI fast.
+    """
+    global _shared
+    if _shared is None:
+        import atexit
+
+        server = PostgresServer()
+        server.start()
+        atexit.register(server.destroy)
+        _shared = server
+    return _shared
