@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None, stdout: IO[str] | None = None, stderr: I
     try:
         database = open_ledger(target, create=False)
         try:
+            database.open()
             rows = database.totals(
                 by, since=options.since, until=options.until, key_name=options.key, key_group=options.group
             )
@@ -247,3 +248,7 @@ def _json(out: IO[str], by: list[str], rows: list[Totals], options) -> None:
         "total": {k: v for k, v in shaped(_total(rows)).items() if k not in by},
     }
     out.write(json.dumps(document, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
