@@ -42,6 +42,8 @@ def main() -> None:
         else:
             given[name] = relay_options[position + 1]
         position += 2
+    # A port of its own unless told (never the default 8080, which another relay may hold).
+    given["listen"] = given["listen"] or ["tcp:0:interface=127.0.0.1"]
     relay = Relay(read_settings(given), reactor)
     numbers = iter(range(1, 10_000_000))
 
