@@ -195,6 +195,42 @@ class PostgresProcessTests(_KillTests, SynchronousTestCase):
         self.assertEqual(by_key, {"relay-a": len(writers[0].recorded()), "relay-b": len(writers[1].recorded())})
 
 
+    def test_every_worker_writes(self):
+        """
+        ``twistd relay --workers 2 --usage-db postgresql://...``: each process
+        opens the ledger itself (one connection each), and lets go on SIGTERM.
+        """
+        target = self.new_target()
+        database = target.rsplit("/", 1)[1]
+        folder = self.mktemp()
+        os.makedirs(folder)
+        process = subprocess.Popen(
+            twistd("-n", "--pidfile=", "relay", "--simulate", "strict", "--no-dumps", "--drain-delay", "0",
+                   "--workers", "2", "--listen", "tcp:%d:interface=127.0.0.1" % (free_port(),), "--usage-db", target),
+            cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        self.addCleanup(lambda: process.poll() is None and (process.kill(), process.wait()))
+
+        def connections() -> int:
+            with postgres_server.psycopg.connect(self.server.url()) as connection:
+                return connection.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'twisted-relay' AND datname = %s",
+                    (database,),
+                ).fetchone()[0]
+
+        deadline = time.monotonic() + 60
+        while connections() < 2 and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.1)
+        self.assertEqual(connections(), 2)
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0].decode("utf-8", "replace")
+        # (twistd ends itself with the signal that stopped it.)
+        self.assertIn(process.returncode, (0, -signal.SIGTERM), output)
+        self.assertNotIn(postgres_server.PASSWORD, output)
+        self.assertEqual(output.count("Usage ledger: postgresql://relay@127.0.0.1:%d/" % (self.server.port,)), 2)
+        self.assertEqual(connections(), 0)
+
+
 class StartErrorTests(SynchronousTestCase):
     """A ledger ``twistd relay`` cannot open, or a driver it lacks: one line, exit status 1."""
 

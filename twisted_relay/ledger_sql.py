@@ -66,6 +66,9 @@ _POSTGRES_SCHEMES = ("postgresql", "postgres")
 # Seconds to connect to PostgreSQL, and to wait for SQLite's write lock.
 _CONNECT_TIMEOUT = 5
 _BUSY_TIMEOUT_MS = 5000
+# Milliseconds PostgreSQL may leave sent data unacknowledged before the
+# connection counts as broken.
+_TCP_USER_TIMEOUT_MS = 15000
 # Serialises schema creation among relays starting at once (any constant).
 _SCHEMA_LOCK = 7_337_004_217
 
@@ -502,8 +505,19 @@ class PostgresLedger(LedgerDatabase):
         self._psycopg = psycopg
 
     def _connect(self):
+        # A server that vanishes mid-write (a network cut) fails the write
+        # within seconds instead of the system's TCP timeout, so that the
+        # writer goes back to queueing and a stop is not held up for long.
         return self._psycopg.connect(
-            self.url, connect_timeout=_CONNECT_TIMEOUT, application_name="twisted-relay", autocommit=False
+            self.url,
+            connect_timeout=_CONNECT_TIMEOUT,
+            application_name="twisted-relay",
+            autocommit=False,
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+            tcp_user_timeout=_TCP_USER_TIMEOUT_MS,
         )
 
     def _errors(self):
