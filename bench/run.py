@@ -34,6 +34,7 @@ Usage, from the work tree's root::
     python bench/run.py --relay-tree before=/path/to/tree   # the relay before a change, judged against
     python bench/run.py --targets direct,nginx,plain,aiohttp,relay,relay2,litellm  # relay2: --workers 2
     python bench/run.py --targets relay,relay-routed --scenarios S1,S2  # a config of two upstreams beside one
+    python bench/run.py --targets relay,relay-ledger --scenarios S2,S3  # the usage ledger on, beside off
 
 It is not a test and is not run by CI.
 """
@@ -840,6 +841,8 @@ def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: d
             made.append(_targets.RoutedRelay(workdir, upstream, cpus))
         elif name == "relay2":
             made.append(_targets.Relay(workdir, upstream, cpus, name="relay2", workers=2))
+        elif name == "relay-ledger":
+            made.append(_targets.LedgerRelay(workdir, upstream, cpus))
         elif name == "aiohttp":
             if os.path.exists(_AIOHTTP_PYTHON):
                 made.append(_targets.AiohttpProxy(workdir, upstream, cpus, python=_AIOHTTP_PYTHON))

@@ -378,6 +378,22 @@ class RoutedRelay(Relay):
         self._spawn_relay("--config", path)
 
 
+class LedgerRelay(Relay):
+    """
+    The relay with the usage ledger on (``--usage-db``, an SQLite file in
+    the work folder): beside ``relay``, what keeping the ledger costs.
+    """
+
+    name = "relay-ledger"
+    description = "twistd -n relay --usage-db usage.sqlite --no-dumps --ping-interval 0"
+
+    def _launch(self) -> None:
+        self._spawn_relay(
+            "--upstream", "http://127.0.0.1:%d" % (self.upstream.port,),
+            "--usage-db", os.path.join(self.workdir, self.name + "-usage.sqlite"),
+        )
+
+
 class PlainProxy(Target):
     """``twisted.web.proxy.ReverseProxyResource`` served by a Twisted ``Site``."""
 

@@ -38,9 +38,9 @@ LAYERS = (
     ("settings", ("configfile", "settings")),
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream")),
     ("streaming", ("sse_events", "sse")),
-    ("records", ("dumps", "metrics")),
+    ("records", ("dumps", "metrics", "ledger_sql", "ledger")),
     ("the request path", ("drain", "answer", "attempts", "relayed_request", "app", "site")),
-    ("tools", ("replay", "demo", "simulated")),
+    ("tools", ("replay", "demo", "simulated", "ledger_report")),
     ("the process", ("gctuning", "service", "workers", "worker_process", "tap")),
 )
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 from twisted_relay.prices import DEFAULT_PRICES, PriceTable
 from twisted_relay.relay_keys import RelayKey
@@ -39,6 +40,7 @@ __all__ = [
     "id_pattern_setting",
     "one_upstream",
     "rules_for",
+    "usage_db_setting",
 ]
 
 MiB = 1024 * 1024
@@ -294,6 +296,15 @@ class RelayConfig:
         (and its beta); ``off`` passes the 400 on.
     :ivar prices: what answers cost (:class:`~twisted_relay.prices.PriceTable`):
         the table the relay ships, with a ``--config`` file's ``[prices]``.
+    :ivar usage_db: the usage ledger's database (``docs/usage.md``): an
+        SQLite file's path or a ``postgresql://`` URL; ``None``: no ledger.
+        Shown by ``repr`` without its password.
+    :ivar usage_flush_interval: seconds between two writes of the ledger's
+        queued rows (what a process killed outright may lose).
+    :ivar usage_retention_days: ledger rows older than this are deleted;
+        0 keeps them all.
+    :ivar usage_max_queue: ledger rows a process holds in memory at most
+        while its database does not answer; more are dropped and counted.
     :ivar config_file: the ``--config`` file these settings came from, read
         again by :meth:`twisted_relay.service.Relay.reload`; ``None`` when
         there is none.
@@ -338,6 +349,10 @@ class RelayConfig:
     thread_max_count: int = 10_000
     thread_max_bytes: int = 512 * MiB
     prices: PriceTable = field(default=DEFAULT_PRICES, repr=False)
+    usage_db: str | None = None
+    usage_flush_interval: float = 1.0
+    usage_retention_days: float = 400.0
+    usage_max_queue: int = 50_000
     config_file: str | None = None
 
     def __post_init__(self):
@@ -355,6 +370,8 @@ class RelayConfig:
             value = getattr(self, f.name)
             if f.name == "relay_keys":
                 value = "<%d keys>" % (len(value),)
+            elif f.name == "usage_db" and value is not None:
+                value = _without_password(value)
             shown.append("%s=%r" % (f.name, value))
         return "RelayConfig(%s)" % (", ".join(shown),)
 
@@ -453,6 +470,31 @@ def id_pattern_setting(value: str) -> str | None:
     return None if value == "none" else value
 
 
+def usage_db_setting(value: str | None) -> str | None:
+    """
+    ``--usage-db`` as :class:`RelayConfig` holds it: a ``postgresql://`` (or
+    ``postgres://``) URL as it is; an SQLite file (``PATH`` or
+    ``sqlite:PATH``) made absolute; ``None`` for none.
+
+    :raises ValueError: for another ``scheme://``, in words that never
+        repeat the value (a URL may hold a password).
+    """
+    if value is None or not value.strip():
+        return None
+    scheme, separator, _ = value.partition("://")
+    if separator and scheme.lower() in ("postgresql", "postgres"):
+        try:
+            urlsplit(value).port  # noqa: B018 (a bad port raises here)
+        except ValueError:
+            raise ValueError("is not a valid postgresql:// URL (its port?)")
+        return value
+    path = value.removeprefix("sqlite:")
+    path = path[2:] if path.startswith("//") else path
+    if "://" in path or not path:
+        raise ValueError("must be an SQLite file's path or a postgresql:// URL")
+    return os.path.abspath(path)
+
+
 def rules_for(upstream: Upstream, config: RelayConfig) -> UpstreamRules:
     """
     The :class:`~twisted_relay.translation.UpstreamRules` a request sent to
@@ -472,6 +514,17 @@ def rules_for(upstream: Upstream, config: RelayConfig) -> UpstreamRules:
 @lru_cache(maxsize=256)
 def _rules(name: str, policy: str, id_pattern: str | None, own_ids: str | None, mark_thinking: bool) -> UpstreamRules:
     return UpstreamRules(name, policy, id_pattern, own_ids, mark_thinking)
+
+
+def _without_password(url: str) -> str:
+    """A database URL with its password (and query, which may hold one) replaced."""
+    parts = urlsplit(url)
+    if "://" not in url or (parts.password is None and not parts.query):
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = netloc[0].partition(":")[0]
+    return parts._replace(netloc="%s:***@%s" % (user, netloc[2]) if parts.password is not None else parts.netloc,
+                          query="***" if parts.query else "").geturl()
 
 
 def _first(value, default):
