@@ -13,6 +13,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.server import Request, Site
 
 from twisted_relay import _twisted
+from twisted_relay.body_work import BodyShape
 from twisted_relay.config import RelayConfig
 from twisted_relay.errors import RelayError
 
@@ -21,12 +22,17 @@ __all__ = ["BodyBudget", "RelaySite"]
 
 class BodyBudget:
     """
-    The bytes of request bodies a relay process holds at once, and their
-    limit (0: none). A body is counted from its first byte (its whole
-    declared length at once) until its request is finished or its
-    connection lost. One body is always let in when no other request holds
-    any, however large (``max_body`` bounds it), whether its length is
-    declared or it comes chunk by chunk.
+    The memory request bodies cost a relay process at once, and its limit
+    (0: none). A body is counted from its first byte until its request is
+    finished or its connection lost: its declared length at once, then,
+    as its bytes arrive, what they are estimated to cost once parsed
+    (:meth:`~twisted_relay.body_work.BodyShape.cost`: a body of tiny
+    messages costs about fifteen times its size, one long string twice), and
+    once the first attempt's body is ready to send, only what the request
+    keeps (its bytes, those sent, its translation). While bodies costing less
+    than an eighth of the limit are held, one more is always let in, however
+    costly (``max_body`` bounds it), whether its length is declared or it
+    comes chunk by chunk.
 
     :ivar held: bytes counted now.
     """
@@ -41,7 +47,7 @@ class BodyBudget:
         ``own`` is what the same request holds already (its earlier chunks):
         only bytes held by other requests can refuse it.
         """
-        if self.limit and self.held > own and self.held + size > self.limit:
+        if self.limit and self.held - own > self.limit // 8 and self.held + size > self.limit:
             return False
         self.held += size
         return True
@@ -58,6 +64,9 @@ class _BodyLimitedRequest(Request):
     oversized body in memory or on disk. A body the site's ``body_budget``
     has no room for is not stored either (``over_budget``): the route
     answers 529.
+
+    :ivar body_cost: the body's estimated cost once parsed, as far as it
+        has arrived (``None`` before it starts).
     """
 
     body_too_large = False
@@ -65,18 +74,24 @@ class _BodyLimitedRequest(Request):
     _limit = None
     _received = 0
     _reserved = 0
-    _counted_per_chunk = False
+    _shape = None
+    _budget = None
+
+    @property
+    def body_cost(self) -> int | None:
+        shape = self._shape
+        return None if shape is None else shape.cost()
 
     def gotLength(self, length):
         self._limit = getattr(self.channel.site, "max_body", None)
+        self._shape = BodyShape()
         if self._limit is not None and length is not None and length > self._limit:
             self.body_too_large = True
             self.content = io.BytesIO()
             return
-        if length is None:
-            # Chunked: counted as it comes.
-            self._counted_per_chunk = True
-        elif not self._reserve(length):
+        # A declared length is counted at once; then, as the bytes come,
+        # what they cost once parsed, when that is more.
+        if length is not None and not self._reserve(length):
             self.content = io.BytesIO()
             return
         # In memory, however large: the route reads the whole body into
@@ -106,11 +121,20 @@ class _BodyLimitedRequest(Request):
             self.content.close()
             self.content = io.BytesIO()
             return
-        if self._counted_per_chunk and not self._reserve(len(data)):
+        shape = self._shape
+        shape.add(data)
+        cost = shape.cost()
+        if cost > self._reserved and not self._reserve(cost - self._reserved):
             self.content.close()
             self.content = io.BytesIO()
             return
         self.content.write(data)
+
+    def keep_body_cost(self, cost: int) -> None:
+        """The request holds only ``cost`` bytes of its body from now on: the rest of its room goes back."""
+        if self._budget is not None and cost < self._reserved:
+            self._budget.release(self._reserved - cost)
+            self._reserved = cost
 
     def _reserve(self, size: int) -> bool:
         """Count ``size`` body bytes in the site's budget; mark the request ``over_budget`` if it is full."""
@@ -120,13 +144,14 @@ class _BodyLimitedRequest(Request):
         if not budget.reserve(size, self._reserved):
             self.over_budget = True
             return False
-        if not self._reserved:
-            self.notifyFinish().addBoth(self._release_body, budget)
+        if self._budget is None:
+            self._budget = budget
+            self.notifyFinish().addBoth(self._release_body)
         self._reserved += size
         return True
 
-    def _release_body(self, result, budget: BodyBudget):
-        budget.release(self._reserved)
+    def _release_body(self, result):
+        self._budget.release(self._reserved)
         self._reserved = 0
         return None
 
@@ -282,7 +307,8 @@ class RelaySite(Site):
 
     It writes no access-log line (the relay logs one structured event per
     request itself), stops storing request bodies over ``max_body`` or past
-    ``max_bodies_in_flight`` bytes of bodies held at once (0: no limit), and
+    ``max_bodies_in_flight`` bytes of bodies' estimated cost held at once
+    (0: no limit; :class:`BodyBudget`), and
     cuts clients that take over ``request_read_timeout`` seconds to send a
     request. Idle keep-alive connections close after ``timeout`` seconds.
     """

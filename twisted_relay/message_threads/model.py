@@ -46,6 +46,7 @@ __all__ = [
     "rebuild_request",
     "thread_not_found",
     "thread_of",
+    "upstream_thread_request",
     "without_threads_beta",
 ]
 
@@ -184,6 +185,29 @@ def plain_request(body: dict) -> dict:
     plain = dict(body)
     plain.pop("thread", None)
     return plain
+
+
+def upstream_thread_request(translated: dict, previous_message_id: str | None, new_messages: int) -> dict:
+    """
+    What an upstream that knows threads is sent for a thread's turn, once
+    the whole (plain) request is translated (``translated``): the thread
+    field again, and for a ``continue`` (``previous_message_id``) only the
+    ``new_messages`` translated new messages, without ``system``/``tools``
+    (which the upstream holds). A whole request translates every message
+    exactly as the upstream's thread already holds it (a block's upstream id
+    never changes on later turns), so the new messages fit the upstream's
+    thread.
+    """
+    sent = dict(translated)
+    if previous_message_id is None:
+        sent["thread"] = {"type": CREATE}
+    else:
+        sent["thread"] = {"type": CONTINUE, "previous_message_id": previous_message_id}
+        for name in CREATE_ONLY_FIELDS:
+            sent.pop(name, None)
+        messages = translated.get("messages") or []
+        sent["messages"] = messages[len(messages) - new_messages:] if new_messages else []
+    return sent
 
 
 def without_threads_beta(header: str | None) -> str | None:

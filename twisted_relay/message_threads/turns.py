@@ -27,7 +27,6 @@ from twisted.web.http_headers import Headers
 from twisted_relay._json import to_json
 from twisted_relay.message_threads.model import (
     CONTINUE,
-    CREATE_ONLY_FIELDS,
     THREAD_MODES,
     AnswerRecorder,
     Conversation,
@@ -36,6 +35,7 @@ from twisted_relay.message_threads.model import (
     rebuild_request,
     thread_not_found,
     thread_of,
+    upstream_thread_request,
     without_threads_beta,
 )
 from twisted_relay.message_threads.store import IThreadStore, thread_store_for
@@ -144,26 +144,12 @@ class ThreadTurn:
         """
         What is sent upstream once :attr:`request` is translated
         (``translated``, serialised as ``plain``): ``plain`` for an upstream
-        that does not know threads; for one that does, the thread field
-        again, and for a ``continue`` only the translated new messages
-        (without ``system``/``tools``, which the upstream holds). A whole
-        request translates every message exactly as the upstream's thread
-        already holds it (a block's upstream id never changes on later
-        turns), so the new messages fit the upstream's thread.
+        that does not know threads; for one that does, the thread form of
+        it (:func:`~twisted_relay.message_threads.model.upstream_thread_request`).
         """
         if not self._keeper.upstream_knows:
             return plain
-        sent = dict(translated)
-        previous = self.previous_message_id
-        if previous is None:
-            sent["thread"] = {"type": "create"}
-        else:
-            sent["thread"] = {"type": CONTINUE, "previous_message_id": previous}
-            for name in CREATE_ONLY_FIELDS:
-                sent.pop(name, None)
-            messages = translated.get("messages") or []
-            sent["messages"] = messages[len(messages) - self.new_messages:] if self.new_messages else []
-        return to_json(sent)
+        return to_json(upstream_thread_request(translated, self.previous_message_id, self.new_messages))
 
     def upstream_headers(self, headers: Headers) -> Headers:
         """``headers`` as sent: without the threads beta when the request sent is plain."""
