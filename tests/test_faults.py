@@ -17,7 +17,6 @@ import os
 import re
 import socket
 import time
-from multiprocessing import resource_tracker
 
 import treq
 import ujson
@@ -181,11 +180,9 @@ class FaultTestCase(TestCase):
 
     async def setUp(self):
         # Twisted reserves a descriptor at the first listenTCP of the
-        # process and opens a SIGCHLD pipe while the reactor runs, and the
-        # first large body starts multiprocessing's resource tracker (a
-        # pipe to it, for the process's life): count after all three.
+        # process and opens a SIGCHLD pipe while the reactor runs: count
+        # after both.
         await closed_port_url(reactor)
-        resource_tracker.ensure_running()
         self.fds_before = open_fds()
         self.upstream = FaultyUpstream(reactor)
         self.upstream_url = self.upstream.listen()

@@ -174,7 +174,7 @@ class FloodTests(TestCase):
     #: about as long again; three at once held the reactor for 0.5-1.5 s
     #: in one piece before this work (a 32 MB one, for 5-8 s).
     BODIES = 3
-    BODY_BYTES = 4_000_000
+    BODY_BYTES = 8_000_000
     #: How much longer than its pace a stream's gap between two events may
     #: grow: the issue's 250 ms.
     GAP_ALLOWED_MS = 250

@@ -4,31 +4,34 @@ Where the work on a request body runs, so that no body holds the reactor.
 
 A body estimated small (:data:`~twisted_relay.body_work.INLINE_COST`) is
 worked on in the relay's process, at once, as before; a larger one in a
-worker process of a small pool (:class:`BodyPool`, the standard library's
-``ProcessPoolExecutor``, started on first use): the relay sends its bytes,
-and gets back the few facts it reads of it, then for each attempt the bytes
-to send and the translation, read back a part at a time
-(:class:`RequestBody`). ``ujson`` parses and serialises in one C call each
-that holds the interpreter's lock throughout (0.25 s for 32 MB of tiny
-messages), so a thread would not do: ``docs/architecture.md``, "Big bodies",
-has the measurements behind the choice.
+worker process of a small pool (:class:`BodyPool`: ``python -m
+twisted_relay.body_worker`` processes, started with the reactor's
+``spawnProcess`` when first needed): the relay sends its bytes, and gets
+back the few facts it reads of it, then for each attempt the bytes to send
+and the translation, read back a part at a time (:class:`RequestBody`).
+``ujson`` parses and serialises in one C call each that holds the
+interpreter's lock throughout (0.25 s for 32 MB of tiny messages), so a
+thread would not do: ``docs/architecture.md``, "Big bodies", has the
+measurements behind the choice.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import os
 import pickle
+import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections import deque
 
 import ujson
-from twisted.internet.defer import Deferred, fail, succeed
 from twisted.application.service import Service
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
-from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
+import twisted_relay
 from twisted_relay.body_work import (
     HEAD_FIELDS,
     INLINE_COST,
@@ -40,9 +43,8 @@ from twisted_relay.body_work import (
     dropping_in_worker,
     parse_messages_body,
     prepare,
-    prepare_in_worker,
-    read_in_worker,
 )
+from twisted_relay.body_worker import HEADER, frame
 from twisted_relay.errors import RelayError
 from twisted_relay.routing import RequestFacts
 from twisted_relay.translation import RequestTranslation, UpstreamRules
@@ -59,14 +61,21 @@ _SLICE = 0.01
 #: How many repaired duplicates of a request are logged one by one.
 REPAIRS_SHOWN = 20
 
+#: Seconds a stopping worker has to end before it is killed.
+_STOP_GRACE = 5.0
+
+# The folder twisted_relay is imported from: the workers import the same.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(twisted_relay.__file__)))
+
 
 class BodyPool(Service):
     """
     The worker processes whole-body work runs in, for bodies estimated over
     ``inline_cost``; none is started until one is needed, and stopping the
-    service stops them.
+    service stops them. Each worker runs one call at a time; calls wait
+    their turn in order.
 
-    :param reactor: the reactor (results come back through ``callFromThread``).
+    :param reactor: the reactor (``spawnProcess``).
     :param workers: worker processes at most (0: every body in this process).
     :param inline_cost: the largest estimated cost worked on in this process.
     """
@@ -77,49 +86,84 @@ class BodyPool(Service):
         self.reactor = reactor
         self.workers = workers
         self.inline_cost = inline_cost
-        self._executor: ProcessPoolExecutor | None = None
+        self._idle: list[_Worker] = []
+        self._all: list[_Worker] = []
+        self._waiting: deque = deque()
         self._closed = False
+        self._ended: Deferred | None = None
 
     def inline(self, cost: int) -> bool:
         """Whether a body of this estimated cost is worked on in this process."""
         return cost <= self.inline_cost or not self.workers or self._closed
 
-    def run(self, function, *args) -> Deferred:
+    def run(self, name: str, *args) -> Deferred:
         """
-        ``function(*args)`` in a worker process: a Deferred of its result.
-        Cancelling it drops the result (a call not yet started is not run).
-        A worker that dies (killed for its memory) fails the calls it had
-        with a 500 ``api_error``, and the next call starts a new pool.
+        Call ``name`` (one of :data:`~twisted_relay.body_worker.CALLS`) with
+        ``args`` in a worker process: a Deferred of its value. Cancelling it
+        drops the value (a call not yet sent is not made). A worker that
+        dies (killed for its memory) fails its call with a 500
+        ``api_error``; the next call starts another.
         """
-        executor = self._executor
-        if executor is None:
-            executor = self._executor = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn")
-            )
-        try:
-            future = executor.submit(function, *args)
-        except (BrokenProcessPool, RuntimeError):
-            self._executor = None
+        if self._closed:
             return fail(_worker_lost())
-        d = Deferred(lambda _: future.cancel())
-        future.add_done_callback(lambda f: self.reactor.callFromThread(self._settle, d, f))
-        return d
+        call = _Call(name, args)
+        call.deferred = Deferred(lambda _: self._cancelled(call))
+        self._waiting.append(call)
+        self._dispatch()
+        return call.deferred
 
-    def _settle(self, d: Deferred, future) -> None:
-        if d.called:
+    def _cancelled(self, call: _Call) -> None:
+        if call in self._waiting:
+            self._waiting.remove(call)
+
+    def _dispatch(self) -> None:
+        while self._waiting:
+            if self._idle:
+                worker = self._idle.pop()
+            elif len(self._all) < self.workers:
+                worker = self._start()
+            else:
+                return
+            worker.send(self._waiting.popleft())
+
+    def _start(self) -> _Worker:
+        worker = _Worker(self)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        self.reactor.spawnProcess(
+            worker, sys.executable, [sys.executable, "-m", "twisted_relay.body_worker"],
+            env=env, path=os.getcwd(), childFDs={0: "w", 1: "r", 2: "r"},
+        )
+        self._all.append(worker)
+        return worker
+
+    def answered(self, worker: _Worker, call: _Call, answer: tuple) -> None:
+        """A worker's answer to ``call``; the worker takes the next call."""
+        if not self._closed:
+            self._idle.append(worker)
+        kind, value = answer
+        if not call.deferred.called:
+            if kind == "ok":
+                call.deferred.callback(value)
+            else:
+                call.deferred.errback(BodyWorkError(value))
+        self._dispatch()
+
+    def ended(self, worker: _Worker, call: _Call | None, reason) -> None:
+        """A worker ended: its call, if any, fails; another starts for the calls waiting."""
+        self._all.remove(worker)
+        if worker in self._idle:
+            self._idle.remove(worker)
+        if call is not None and not call.deferred.called:
+            self.log.error("A body worker process ended with a call in progress: {why}",
+                           why=reason.getErrorMessage())
+            call.deferred.errback(_worker_lost())
+        if self._closed:
+            if not self._all and self._ended is not None:
+                ended, self._ended = self._ended, None
+                ended.callback(None)
             return
-        if future.cancelled():
-            d.cancel()
-            return
-        error = future.exception()
-        if error is None:
-            d.callback(future.result())
-        elif isinstance(error, BrokenProcessPool):
-            self._executor = None
-            self.log.error("A body worker process stopped: {error}", error=str(error))
-            d.errback(_worker_lost())
-        else:
-            d.errback(error)
+        self._dispatch()
 
     def stopService(self):
         Service.stopService(self)
@@ -127,15 +171,101 @@ class BodyPool(Service):
 
     def close(self) -> Deferred:
         """
-        Stop the workers (calls not started are cancelled; later bodies are
-        worked on in this process); fires once they have exited.
+        Stop the workers (calls waiting fail; bodies from now on are worked on
+        in this process); fires once they have ended.
         """
         self._closed = True
-        executor, self._executor = self._executor, None
-        if executor is None:
+        while self._waiting:
+            call = self._waiting.popleft()
+            if not call.deferred.called:
+                call.deferred.errback(_worker_lost())
+        if not self._all:
             return succeed(None)
-        executor.shutdown(wait=False, cancel_futures=True)
-        return deferToThreadPool(self.reactor, self.reactor.getThreadPool(), executor.shutdown)
+        self._ended = Deferred()
+        for worker in list(self._all):
+            worker.stop(self.reactor, _STOP_GRACE)
+        return self._ended
+
+
+class BodyWorkError(Exception):
+    """A body worker's call failed (its text says how): answered as the relay's own 500."""
+
+
+class _Call:
+    """One call to a worker: its name, arguments, and the Deferred of its value."""
+
+    __slots__ = ("name", "args", "deferred")
+
+    def __init__(self, name: str, args: tuple):
+        self.name = name
+        self.args = args
+        self.deferred: Deferred | None = None
+
+
+class _Worker(ProcessProtocol):
+    """One worker process's pipes: calls written to its standard input, answers read from its standard output."""
+
+    log = Logger()
+
+    def __init__(self, pool: BodyPool):
+        self._pool = pool
+        self._call: _Call | None = None
+        self._pieces: list[bytes] = []
+        self._have = 0
+        self._size: int | None = None
+        self._kill = None
+
+    def send(self, call: _Call) -> None:
+        """Make ``call`` (this worker is idle)."""
+        self._call = call
+        self.transport.writeSequence(frame((call.name, call.args)))
+        # The arguments (a body's bytes) are the pipe's now.
+        call.args = None
+
+    def outReceived(self, data: bytes) -> None:
+        self._pieces.append(data)
+        self._have += len(data)
+        while True:
+            if self._size is None:
+                if self._have < HEADER.size:
+                    return
+                joined = b"".join(self._pieces)
+                (self._size,) = HEADER.unpack_from(joined)
+                self._take(joined, HEADER.size)
+            if self._have < self._size:
+                return
+            joined = b"".join(self._pieces)
+            answer = pickle.loads(memoryview(joined)[: self._size])
+            self._take(joined, self._size)
+            self._size = None
+            call, self._call = self._call, None
+            if call is not None:
+                self._pool.answered(self, call, answer)
+
+    def _take(self, joined: bytes, used: int) -> None:
+        rest = joined[used:]
+        self._pieces = [rest] if rest else []
+        self._have = len(rest)
+
+    def errReceived(self, data: bytes) -> None:
+        self.log.warn("A body worker process said: {text}", text=data.decode("utf-8", "replace")[:2000])
+
+    def processEnded(self, reason) -> None:
+        if self._kill is not None and self._kill.active():
+            self._kill.cancel()
+        call, self._call = self._call, None
+        self._pool.ended(self, call, reason)
+
+    def stop(self, clock, grace: float) -> None:
+        """End it: its standard input closes (it ends once its call is answered), then it is killed after ``grace`` seconds."""
+        self.transport.closeStdin()
+        self._kill = clock.callLater(grace, self._killed)
+
+    def _killed(self) -> None:
+        try:
+            self.transport.signalProcess("KILL")
+        except ProcessExitedAlready:
+            pass
 
 
 def _worker_lost() -> RelayError:
@@ -184,7 +314,7 @@ class RequestBody:
             self.head = self._body = body
             self.facts = RequestFacts(body, len(self.raw))
             return succeed(None)
-        return self.pool.run(read_in_worker, self.raw).addCallback(self._read)
+        return self.pool.run("read", self.raw).addCallback(self._read)
 
     def _read(self, result) -> None:
         if not isinstance(result, BodyFacts):
@@ -222,7 +352,7 @@ class RequestBody:
             except Exception:
                 return fail()
         d = self.pool.run(
-            prepare_in_worker, self.raw, model, tuple(rules.to_dict().items()), thread, drop_blocks, shown, PART_SIZE
+            "prepare", self.raw, model, tuple(rules.to_dict().items()), thread, drop_blocks, shown, PART_SIZE
         )
         return d.addCallback(lambda result: Deferred.fromCoroutine(self._assemble(result, rules)))
 
@@ -246,5 +376,5 @@ class RequestBody:
                 return succeed(dropping_in_worker(sent))
             except Exception:
                 return fail()
-        return self.pool.run(dropping_in_worker, sent)
+        return self.pool.run("dropping", sent)
 
