@@ -10,8 +10,9 @@ send ``--body-bytes`` each of tiny messages (assistant ``tool_use`` and user
 ``tool_result`` in turn, each id its own: about 340,000 messages in 32 MB),
 to ``bench:json`` (which the fake upstream answers at once, finding the
 model without parsing). The run ends ``--tail`` seconds after the last body
-is answered. One process, asyncio, raw sockets, measured from outside the
-relay::
+is answered. One process, measured from outside the relay: the streams on
+an asyncio loop, the large bodies each sent from a thread of its own on a
+blocking socket (so that sending them does not hold the streams' loop)::
 
     python bench/flood.py --port RELAY_PORT                    # 100 streams, 10 x 32 MB
     python bench/flood.py --port PORT --streams 20 --bodies 3 --body-bytes 4000000
@@ -29,8 +30,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["hostile_body", "main", "run_flood"]
 
@@ -199,22 +202,40 @@ async def _paced_worker(host, port, request, stop: asyncio.Event, timeout: float
         client.transport.close()
 
 
-async def _body_sender(host, port, request, timeout: float, results: list) -> None:
-    loop = asyncio.get_running_loop()
+def _send_body(host: str, port: int, request: bytes, timeout: float) -> dict:
+    """
+    Send one large request and read its answer, on a blocking socket (run
+    in a thread: the kernel's copy of the bytes holds no lock the paced
+    streams' loop needs).
+    """
     sent = time.monotonic()
     try:
-        _, client = await asyncio.wait_for(loop.create_connection(_Client, host, port), timeout)
-        response = await asyncio.wait_for(client.send(request), timeout)
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(request)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                data = s.recv(65536)
+                if not data:
+                    raise ConnectionError("closed before the answer")
+                answer += data
+            head, _, body = answer.partition(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            at = head.lower().find(b"content-length:")
+            length = int(head[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
+            while len(body) < length:
+                data = s.recv(65536)
+                if not data:
+                    break
+                body += data
         kind = None
-        if response.status != 200:
+        if status != 200:
             try:
-                kind = json.loads(response.body)["error"]["type"]
+                kind = json.loads(body)["error"]["type"]
             except (ValueError, KeyError, TypeError):
                 kind = "?"
-        results.append({"status": response.status, "error_type": kind, "seconds": time.monotonic() - sent})
-        client.transport.close()
-    except (OSError, ConnectionError, asyncio.TimeoutError) as e:
-        results.append({"status": 0, "error_type": type(e).__name__, "seconds": time.monotonic() - sent})
+        return {"status": status, "error_type": kind, "seconds": time.monotonic() - sent}
+    except (OSError, ConnectionError) as e:
+        return {"status": 0, "error_type": type(e).__name__, "seconds": time.monotonic() - sent}
 
 
 def _percentile(values: list, fraction: float):
@@ -238,8 +259,11 @@ async def run_flood(*, host: str = "127.0.0.1", port: int, path: str = "/v1/mess
                for i in range(streams)]
     await asyncio.sleep(warmup)
     flood_began = time.monotonic()
-    results: list = []
-    await asyncio.gather(*(_body_sender(host, port, big, timeout, results) for _ in range(bodies)))
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(max(1, bodies)) as senders:
+        results = await asyncio.gather(
+            *(loop.run_in_executor(senders, _send_body, host, port, big, timeout) for _ in range(bodies))
+        )
     flood_ended = time.monotonic()
     await asyncio.sleep(tail)
     stop.set()

@@ -35,6 +35,7 @@ from twisted_relay.message_threads.model import upstream_thread_request
 from twisted_relay.translation import RequestTranslation, UpstreamRules, translate_request
 
 __all__ = [
+    "ASSUMED_COST_PER_BYTE",
     "HEAD_FIELDS",
     "INLINE_COST",
     "BodyFacts",
@@ -65,6 +66,10 @@ OBJECT_COST = 200
 ARRAY_COST = 70
 QUOTE_COST = 26
 COMMA_COST = 32
+
+#: What a body's byte is assumed to cost before any of it has arrived: about
+#: what tiny messages cost (15 bytes a byte).
+ASSUMED_COST_PER_BYTE = 16
 
 #: Bodies estimated to cost at most this are worked in the relay's own
 #: process (at most about 20 ms of work); larger ones in a worker process.
@@ -108,6 +113,18 @@ class BodyShape:
             + QUOTE_COST * self._quotes
             + COMMA_COST * self._commas
         )
+
+    def projected(self, length: int | None) -> int:
+        """
+        The cost of a whole body of ``length`` bytes (``None``: what has
+        arrived) projected from the part counted so far; before any byte,
+        as costly a byte as tiny messages (:data:`ASSUMED_COST_PER_BYTE`).
+        """
+        if length is None or length <= self.size:
+            return self.cost()
+        if not self.size:
+            return ASSUMED_COST_PER_BYTE * length
+        return self.cost() * length // self.size
 
     @classmethod
     def of(cls, data: bytes) -> BodyShape:

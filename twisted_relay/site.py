@@ -24,15 +24,17 @@ class BodyBudget:
     """
     The memory request bodies cost a relay process at once, and its limit
     (0: none). A body is counted from its first byte until its request is
-    finished or its connection lost: its declared length at once, then,
-    as its bytes arrive, what they are estimated to cost once parsed
-    (:meth:`~twisted_relay.body_work.BodyShape.cost`: a body of tiny
-    messages costs about fifteen times its size, one long string twice), and
-    once the first attempt's body is ready to send, only what the request
-    keeps (its bytes, those sent, its translation). While bodies costing less
-    than an eighth of the limit are held, one more is always let in, however
-    costly (``max_body`` bounds it), whether its length is declared or it
-    comes chunk by chunk.
+    finished or its connection lost, at what it is estimated to cost once
+    parsed (:class:`~twisted_relay.body_work.BodyShape`: a body of tiny
+    messages costs about fifteen times its size, one long string twice):
+    its declared length as if it were tiny messages at first, then projected
+    from the bytes that arrived, then, once the first attempt's body is
+    ready to send, only what the request keeps (its bytes, those sent, its
+    translation). A body never counts for more than seven eighths of the
+    limit (:meth:`counted`): one costing more than the whole limit is let in
+    while the others cost less than an eighth of it, and leaves that eighth
+    to small requests. When several large bodies arrive at once, the first
+    to declare its length takes the room.
 
     :ivar held: bytes counted now.
     """
@@ -41,13 +43,15 @@ class BodyBudget:
         self.limit = limit
         self.held = 0
 
-    def reserve(self, size: int, own: int = 0) -> bool:
-        """
-        Count ``size`` more bytes, if the limit allows; say whether it did.
-        ``own`` is what the same request holds already (its earlier chunks):
-        only bytes held by other requests can refuse it.
-        """
-        if self.limit and self.held - own > self.limit // 8 and self.held + size > self.limit:
+    def counted(self, cost: int) -> int:
+        """What a body of this estimated cost counts for."""
+        if not self.limit:
+            return cost
+        return min(cost, self.limit - self.limit // 8)
+
+    def reserve(self, size: int) -> bool:
+        """Count ``size`` more bytes, if the limit allows; say whether it did."""
+        if self.limit and self.held + size > self.limit:
             return False
         self.held += size
         return True
@@ -72,6 +76,7 @@ class _BodyLimitedRequest(Request):
     body_too_large = False
     over_budget = False
     _limit = None
+    _length = None
     _received = 0
     _reserved = 0
     _shape = None
@@ -89,9 +94,10 @@ class _BodyLimitedRequest(Request):
             self.body_too_large = True
             self.content = io.BytesIO()
             return
-        # A declared length is counted at once; then, as the bytes come,
-        # what they cost once parsed, when that is more.
-        if length is not None and not self._reserve(length):
+        # A declared length is counted at once, as if it were the costliest
+        # of bodies; then, as the bytes come, as they show it will cost.
+        self._length = length
+        if length is not None and not self._count(self._shape.projected(length)):
             self.content = io.BytesIO()
             return
         # In memory, however large: the route reads the whole body into
@@ -123,31 +129,42 @@ class _BodyLimitedRequest(Request):
             return
         shape = self._shape
         shape.add(data)
-        cost = shape.cost()
-        if cost > self._reserved and not self._reserve(cost - self._reserved):
+        if not self._count(shape.projected(self._length)):
             self.content.close()
             self.content = io.BytesIO()
             return
         self.content.write(data)
 
     def keep_body_cost(self, cost: int) -> None:
-        """The request holds only ``cost`` bytes of its body from now on: the rest of its room goes back."""
-        if self._budget is not None and cost < self._reserved:
-            self._budget.release(self._reserved - cost)
-            self._reserved = cost
+        """The request's body costs ``cost`` bytes from now on (what it keeps once sent, less): the rest of its room goes back."""
+        budget = self._budget
+        if budget is not None:
+            counted = budget.counted(cost)
+            if counted < self._reserved:
+                budget.release(self._reserved - counted)
+                self._reserved = counted
 
-    def _reserve(self, size: int) -> bool:
-        """Count ``size`` body bytes in the site's budget; mark the request ``over_budget`` if it is full."""
-        budget = getattr(self.channel.site, "body_budget", None)
-        if budget is None or not size:
+    def _count(self, cost: int) -> bool:
+        """
+        Count the body at ``cost`` in the site's budget, more or less than
+        before; mark the request ``over_budget`` if there is no room for more.
+        """
+        budget = self._budget
+        if budget is None:
+            budget = getattr(self.channel.site, "body_budget", None)
+            if budget is None:
+                return True
+        counted = budget.counted(cost)
+        if counted <= self._reserved:
+            self.keep_body_cost(cost)
             return True
-        if not budget.reserve(size, self._reserved):
+        if not budget.reserve(counted - self._reserved):
             self.over_budget = True
             return False
         if self._budget is None:
             self._budget = budget
             self.notifyFinish().addBoth(self._release_body)
-        self._reserved += size
+        self._reserved = counted
         return True
 
     def _release_body(self, result):

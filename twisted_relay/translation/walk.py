@@ -524,6 +524,10 @@ class RequestTranslation:
     @property
     def repairs(self) -> list[Entry]:
         """The declarations sent upstream under a repaired id."""
+        if not any(self._rows[ROW_REPAIRED::ROW]):
+            # None (a reference is marked only when its declaration is):
+            # no table to build for a large history.
+            return []
         return self.table.repairs
 
     @property
