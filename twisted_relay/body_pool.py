@@ -32,7 +32,9 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 import twisted_relay
+from twisted_relay._json import to_json
 from twisted_relay.body_work import (
+    ASSUMED_COST_PER_BYTE,
     HEAD_FIELDS,
     INLINE_COST,
     BodyFacts,
@@ -46,10 +48,11 @@ from twisted_relay.body_work import (
 )
 from twisted_relay.body_worker import HEADER, frame
 from twisted_relay.errors import RelayError
+from twisted_relay.message_threads.model import ThreadError, thread_request
 from twisted_relay.routing import RequestFacts
 from twisted_relay.translation import RequestTranslation, UpstreamRules
 
-__all__ = ["BodyPool", "RequestBody"]
+__all__ = ["BodyPool", "BodyWorkError", "RequestBody"]
 
 #: Values per part of a translation sent back by a worker: a part is read
 #: back in about a millisecond.
@@ -91,6 +94,11 @@ class BodyPool(Service):
         self._waiting: deque = deque()
         self._closed = False
         self._ended: Deferred | None = None
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of the workers running now."""
+        return [worker.transport.pid for worker in self._all if worker.transport is not None and worker.transport.pid]
 
     def inline(self, cost: int) -> bool:
         """Whether a body of this estimated cost is worked on in this process."""
@@ -289,16 +297,19 @@ class RequestBody:
     :ivar facts: what routes match on (:class:`~twisted_relay.routing.RequestFacts`).
     """
 
-    def __init__(self, pool: BodyPool, raw: bytes, cost: int | None = None, *, parsed: dict | None = None):
+    def __init__(self, pool: BodyPool, raw: bytes, cost: int | None = None, *, parsed: dict | None = None,
+                 read: BodyFacts | None = None):
         self.pool = pool
         self.raw = raw
         if cost is None:
             cost = BodyShape.of(raw).cost()
         self.cost = cost
-        self.inline = parsed is not None or pool.inline(cost)
+        self.inline = parsed is not None or (read is None and pool.inline(cost))
         self.head: dict = {} if parsed is None else parsed
         self.facts = None if parsed is None else RequestFacts(parsed, len(raw))
         self._body = parsed
+        if read is not None:
+            self._read(read)
 
     def read(self) -> Deferred:
         """
@@ -323,12 +334,37 @@ class RequestBody:
         self.head = result.head
         self.facts = RequestFacts.known(result.head, len(self.raw), result.images, result.conversation)
 
-    def replaced(self, body: dict, raw: bytes) -> RequestBody:
-        """The body a message thread's turn stands for (parsed here: a thread's request is read here)."""
-        return RequestBody(self.pool, raw, self.cost, parsed=body)
+    def thread_request(self, stored: bytes | None) -> Deferred:
+        """
+        The plain request this thread request stands for
+        (:func:`~twisted_relay.message_threads.model.thread_request`), made
+        here when it is small, in a worker when the body or the stored
+        conversation is large: for
+        :meth:`~twisted_relay.message_threads.turns.ThreadKeeper.open_with`,
+        a Deferred of ``(request, prefix, new messages, the plain request's
+        RequestBody)``.
+        """
+        size = 0 if stored is None else ASSUMED_COST_PER_BYTE * len(stored)
+        if self.inline and self.pool.inline(self.cost + size):
+            try:
+                with collector_paused():
+                    request, new = thread_request(self._body, stored)
+                    replacement = RequestBody(self.pool, to_json(request), self.cost + size, parsed=request)
+            except Exception:
+                return fail()
+            return succeed((request, None, new, replacement))
+        return self.pool.run("thread", self.raw, stored).addCallback(self._rebuilt)
+
+    def _rebuilt(self, result: tuple) -> tuple:
+        if result[0] == "refused":
+            raise ThreadError(*result[1:])
+        if result[0] == "unreadable":
+            raise ValueError("not a stored conversation")
+        _, plain, cost, facts, prefix, new = result
+        return None, prefix, new, RequestBody(self.pool, plain, cost, read=facts)
 
     def parsed(self) -> dict | None:
-        """The parsed body, when it was parsed here (the message thread's turn reads it)."""
+        """The parsed body, when it was parsed here."""
         return self._body
 
     def prepare(self, model: str | None, rules: UpstreamRules, thread: ThreadForm | None, drop_blocks: bool,

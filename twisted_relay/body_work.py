@@ -31,7 +31,7 @@ from twisted_relay._json import to_json
 from twisted_relay.affinity import conversation_of
 from twisted_relay.bodies import droppable, dropping_blocks, holds_image
 from twisted_relay.errors import RelayError
-from twisted_relay.message_threads.model import upstream_thread_request
+from twisted_relay.message_threads.model import ThreadError, conversation_prefix, thread_request, upstream_thread_request
 from twisted_relay.translation import RequestTranslation, UpstreamRules, translate_request
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "prepare",
     "prepare_in_worker",
     "read_in_worker",
+    "thread_in_worker",
 ]
 
 # -- what a body costs -------------------------------------------------------------
@@ -331,6 +332,29 @@ def dropping_in_worker(sent: bytes) -> bytes:
     """A body already sent, again with ``drop_block`` (:func:`~twisted_relay.bodies.dropping_blocks`)."""
     with collector_paused():
         return to_json(dropping_blocks(ujson.loads(sent)))
+
+
+def thread_in_worker(raw: bytes, stored: bytes | None) -> tuple:
+    """
+    :func:`~twisted_relay.message_threads.model.thread_request` in a worker,
+    on a body :func:`read_in_worker` read and the stored conversation
+    (``None`` for a ``create``). Gives ``("ok", plain request's bytes, their
+    estimated cost, their facts, the conversation's prefix, new messages)``,
+    ``("refused", status, error type, message, error code)`` for the
+    :class:`~twisted_relay.message_threads.model.ThreadError` to answer, or
+    ``("unreadable",)`` for stored bytes that are not a conversation.
+    """
+    with collector_paused():
+        body = ujson.loads(raw)
+        try:
+            request, new = thread_request(body, stored)
+        except ThreadError as e:
+            return ("refused", e.status, e.error_type, e.message, e.error_code)
+        except ValueError:
+            return ("unreadable",)
+        del body
+        plain = to_json(request)
+        return ("ok", plain, BodyShape.of(plain).cost(), facts_of(request), conversation_prefix(request), new)
 
 
 @lru_cache(maxsize=64)

@@ -18,12 +18,17 @@ import signal
 import struct
 import sys
 
-from twisted_relay.body_work import dropping_in_worker, prepare_in_worker, read_in_worker
+from twisted_relay.body_work import dropping_in_worker, prepare_in_worker, read_in_worker, thread_in_worker
 
 __all__ = ["CALLS", "HEADER", "frame", "main"]
 
 #: What a worker runs, by name.
-CALLS = {"read": read_in_worker, "prepare": prepare_in_worker, "dropping": dropping_in_worker}
+CALLS = {
+    "read": read_in_worker,
+    "thread": thread_in_worker,
+    "prepare": prepare_in_worker,
+    "dropping": dropping_in_worker,
+}
 
 #: A frame's length, before it.
 HEADER = struct.Struct("!Q")

@@ -25,7 +25,6 @@ from typing import Any
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 
-from twisted_relay._json import to_json
 from twisted_relay.answer import (
     JSON_CONTENT_TYPE,
     RELAY_REQUEST_ID_HEADER,
@@ -38,7 +37,7 @@ from twisted_relay.answer import (
 )
 from twisted_relay.attempts import Attempts
 from twisted_relay.body_pool import BodyPool, RequestBody
-from twisted_relay.body_work import collector_paused, kept_cost, parse_messages_body
+from twisted_relay.body_work import kept_cost
 from twisted_relay.config import RelayConfig
 from twisted_relay.drain import InFlight
 from twisted_relay.errors import RelayError, capability_rejected
@@ -308,7 +307,8 @@ class RelayedRequest:
         """
         keep = getattr(self.request, "keep_body_cost", None)
         if keep is not None:
-            keep(kept_cost(raw, sent.body, sent.translation))
+            held = 0 if self.turn is None else self.turn.held_bytes
+            keep(kept_cost(raw, sent.body, sent.translation) + held)
 
     def _model_list(self, listed: tuple[str, ...]) -> bytes:
         """
@@ -332,21 +332,21 @@ class RelayedRequest:
         """
         A request in a message thread becomes the plain request it stands
         for (a ``continue`` rebuilt from the thread the relay holds), which
-        is then translated and sent like any other, and dumped as such.
+        is then translated and sent like any other, and dumped as such. The
+        rebuilding runs where the body's work does (a worker process when
+        the body or the thread is large).
 
         :raises ThreadError: the API's own answer (not found, already
             continued, in flight, changed ``system``/``tools``, malformed).
         """
-        parsed = body.parsed()
-        if parsed is None:
-            # Read in a worker: the thread's turn reads the parsed body here.
-            parsed = _parse_messages_body(body.raw)
         credential = credential_of(self.request.requestHeaders)
-        turn = await self.wait(self.context.threads.open(parsed, owner_of(credential)))
-        if turn is None:
+        opened = await self.wait(
+            self.context.threads.open_with(body.head, owner_of(credential), body.thread_request)
+        )
+        if opened is None:
             return body
-        self.turn = turn
-        return body.replaced(turn.request, to_json(turn.request))
+        self.turn, plain = opened
+        return plain
 
     async def settle_thread(self, settling: Deferred) -> None:
         """
@@ -499,6 +499,3 @@ def _read_body(config: RelayConfig, request) -> bytes:
     return content.read()
 
 
-def _parse_messages_body(raw: bytes) -> dict:
-    with collector_paused():
-        return parse_messages_body(raw)

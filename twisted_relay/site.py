@@ -49,9 +49,9 @@ class BodyBudget:
             return cost
         return min(cost, self.limit - self.limit // 8)
 
-    def reserve(self, size: int) -> bool:
-        """Count ``size`` more bytes, if the limit allows; say whether it did."""
-        if self.limit and self.held + size > self.limit:
+    def reserve(self, size: int, force: bool = False) -> bool:
+        """Count ``size`` more bytes, if the limit allows (or ``force``); say whether it did."""
+        if self.limit and self.held + size > self.limit and not force:
             return False
         self.held += size
         return True
@@ -79,6 +79,7 @@ class _BodyLimitedRequest(Request):
     _length = None
     _received = 0
     _reserved = 0
+    _released = False
     _shape = None
     _budget = None
 
@@ -136,38 +137,40 @@ class _BodyLimitedRequest(Request):
         self.content.write(data)
 
     def keep_body_cost(self, cost: int) -> None:
-        """The request's body costs ``cost`` bytes from now on (what it keeps once sent, less): the rest of its room goes back."""
-        budget = self._budget
-        if budget is not None:
-            counted = budget.counted(cost)
-            if counted < self._reserved:
-                budget.release(self._reserved - counted)
-                self._reserved = counted
+        """
+        The request's body costs ``cost`` bytes from now on: what it keeps
+        once sent (less: the rest of its room goes back; more, for a message
+        thread rebuilt from a stored conversation: counted, never refused).
+        """
+        if not self._released:
+            self._count(cost, refuse=False)
 
-    def _count(self, cost: int) -> bool:
+    def _count(self, cost: int, refuse: bool = True) -> bool:
         """
         Count the body at ``cost`` in the site's budget, more or less than
-        before; mark the request ``over_budget`` if there is no room for more.
+        before; when there is no room for more (and ``refuse``), mark the
+        request ``over_budget`` and say so.
         """
         budget = self._budget
         if budget is None:
-            budget = getattr(self.channel.site, "body_budget", None)
+            budget = getattr(getattr(self.channel, "site", None), "body_budget", None)
             if budget is None:
                 return True
         counted = budget.counted(cost)
-        if counted <= self._reserved:
-            self.keep_body_cost(cost)
-            return True
-        if not budget.reserve(counted - self._reserved):
+        more = counted - self._reserved
+        if more > 0 and not budget.reserve(more, force=not refuse):
             self.over_budget = True
             return False
-        if self._budget is None:
+        if more < 0:
+            budget.release(-more)
+        if self._budget is None and counted:
             self._budget = budget
             self.notifyFinish().addBoth(self._release_body)
         self._reserved = counted
         return True
 
     def _release_body(self, result):
+        self._released = True
         self._budget.release(self._reserved)
         self._reserved = 0
         return None

@@ -31,10 +31,10 @@ from twisted_relay.message_threads.model import (
     AnswerRecorder,
     Conversation,
     ThreadError,
-    plain_request,
-    rebuild_request,
+    conversation_after,
     thread_not_found,
     thread_of,
+    thread_request,
     upstream_thread_request,
     without_threads_beta,
 )
@@ -88,24 +88,34 @@ class ThreadTurn:
     One thread request on its way: the plain request to send, and how to
     settle the thread once the answer is known (exactly once).
 
-    :ivar request: the plain, thread-less request, to translate and send.
+    :ivar request: the plain, thread-less request, to translate and send
+        (``None`` when it was made elsewhere: a worker process).
     :ivar previous_message_id: the answer a ``continue`` resumes from
         (``None`` for a ``create``).
     :ivar new_messages: how many messages the client sent in this request
         (the tail of :attr:`request`).
+    :param prefix: the conversation's bytes but for their end
+        (:func:`~twisted_relay.message_threads.model.conversation_prefix`),
+        when made elsewhere; then kept instead of :attr:`request`.
     """
 
     def __init__(
-        self, keeper: ThreadKeeper, owner: str, request: dict, previous_message_id: str | None,
-        new_messages: int = 0,
+        self, keeper: ThreadKeeper, owner: str, request: dict | None, previous_message_id: str | None,
+        new_messages: int = 0, *, prefix: bytes | None = None,
     ):
         self._keeper = keeper
         self._owner = owner
         self.request = request
         self.previous_message_id = previous_message_id
         self.new_messages = new_messages
+        self._prefix = prefix
         self._recorder: AnswerRecorder | None = None
         self._settled = False
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of the conversation this turn holds (those made elsewhere)."""
+        return 0 if self._prefix is None else len(self._prefix)
 
     def answered(self, message: dict | None) -> defer.Deferred:
         """The client received ``message`` whole: keep the thread under its id.
@@ -117,9 +127,13 @@ class ThreadTurn:
         self._settled = True
         keeper = self._keeper
         previous = self.previous_message_id
+        if self._prefix is not None:
+            data = conversation_after(self._prefix, message)
+        else:
+            data = Conversation.after(self.request, message).encode()
         return keeper.store.commit(
             keeper.key(self._owner, message["id"]),
-            Conversation.after(self.request, message).encode(),
+            data,
             None if previous is None else keeper.key(self._owner, previous),
         )
 
@@ -216,27 +230,50 @@ class ThreadKeeper:
             or the :class:`ThreadTurn`; failing with the
             :class:`~twisted_relay.message_threads.model.ThreadError` to answer.
         """
+
+        def rebuild(stored: bytes | None) -> defer.Deferred:
+            request, new = thread_request(body, stored)
+            return defer.succeed((request, None, new, None))
+
+        return self.open_with(body, owner, rebuild).addCallback(lambda opened: None if opened is None else opened[0])
+
+    def open_with(self, head: dict, owner: str, rebuild: Callable[[bytes | None], defer.Deferred]) -> defer.Deferred:
+        """
+        :meth:`open`, the plain request made by ``rebuild`` (in a worker
+        process, for a large body or conversation). ``head`` holds the body's
+        ``thread`` field; ``rebuild(stored)`` makes the plain request from
+        the stored conversation (``None`` for a ``create``) and gives a
+        Deferred of ``(request, prefix, new_messages, value)``, ``request``
+        or ``prefix`` ``None`` (:class:`ThreadTurn`), or fails with the
+        :class:`~twisted_relay.message_threads.model.ThreadError` to answer
+        (``ValueError``: a stored conversation it cannot read, not found).
+
+        :return: a Deferred firing ``None`` for a request without a thread,
+            or ``(turn, value)``.
+        """
         try:
-            thread = thread_of(body)
+            thread = thread_of(head)
         except ThreadError:
             return defer.fail()
         if thread is None:
             return defer.succeed(None)
+
+        def opened(made: tuple, previous: str | None) -> tuple:
+            request, prefix, new, value = made
+            return ThreadTurn(self, owner, request, previous, new, prefix=prefix), value
+
         if thread.kind != CONTINUE:
-            return defer.succeed(ThreadTurn(self, owner, plain_request(body), None))
+            return defer.maybeDeferred(rebuild, None).addCallback(opened, None)
         previous = thread.previous_message_id
         key = self.key(owner, previous)
 
-        def found(data: bytes) -> ThreadTurn:
-            try:
-                request = rebuild_request(body, Conversation.decode(data))
-            except ThreadError:
-                self.store.abort(key)
-                raise
-            except ValueError:
-                self.store.abort(key)
+        def refused(failure):
+            self.store.abort(key)
+            if failure.check(ValueError) and not failure.check(ThreadError):
                 raise thread_not_found()
-            new = body.get("messages")
-            return ThreadTurn(self, owner, request, previous, len(new) if isinstance(new, list) else 0)
+            return failure
+
+        def found(data: bytes) -> defer.Deferred:
+            return defer.maybeDeferred(rebuild, data).addCallbacks(opened, refused, callbackArgs=(previous,))
 
         return self.store.begin(key).addCallback(found)

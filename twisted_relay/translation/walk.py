@@ -549,10 +549,10 @@ class RequestTranslation:
     def parts(self, size: int = 20_000) -> tuple[tuple, list[tuple]]:
         """
         This translation as plain values, for another process: a head and
-        parts of at most ``size`` values each, in any order.
-        :meth:`assembled` and :meth:`add_part` put it together again a part
-        at a time, so that no one step is long. The body is not in them
-        (it is sent as bytes).
+        parts of at most ``size`` values each. :meth:`assembled` and
+        :meth:`add_part` put it together again a part at a time, in order,
+        so that no one step is long. The body is not in them (it is sent as
+        bytes).
         """
         history = self._history
         parts: list[tuple] = []
