@@ -24,7 +24,6 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
-from twisted_relay._json import to_json
 from twisted_relay.message_threads.model import (
     CONTINUE,
     THREAD_MODES,
@@ -35,7 +34,6 @@ from twisted_relay.message_threads.model import (
     thread_not_found,
     thread_of,
     thread_request,
-    upstream_thread_request,
     without_threads_beta,
 )
 from twisted_relay.message_threads.store import IThreadStore, thread_store_for
@@ -153,17 +151,6 @@ class ThreadTurn:
         except (ValueError, OverflowError):
             message = None
         return self.answered(message)
-
-    def upstream_bytes(self, translated: dict, plain: bytes) -> bytes:
-        """
-        What is sent upstream once :attr:`request` is translated
-        (``translated``, serialised as ``plain``): ``plain`` for an upstream
-        that does not know threads; for one that does, the thread form of
-        it (:func:`~twisted_relay.message_threads.model.upstream_thread_request`).
-        """
-        if not self._keeper.upstream_knows:
-            return plain
-        return to_json(upstream_thread_request(translated, self.previous_message_id, self.new_messages))
 
     def upstream_headers(self, headers: Headers) -> Headers:
         """``headers`` as sent: without the threads beta when the request sent is plain."""
