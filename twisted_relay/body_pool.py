@@ -27,6 +27,7 @@ import ujson
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.interfaces import IReactorProcess
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
@@ -79,7 +80,8 @@ class BodyPool(Service):
     their turn in order.
 
     :param reactor: the reactor (``spawnProcess``).
-    :param workers: worker processes at most (0: every body in this process).
+    :param workers: worker processes at most (0, or a reactor that cannot
+        spawn processes: every body in this process).
     :param inline_cost: the largest estimated cost worked on in this process.
     """
 
@@ -87,7 +89,9 @@ class BodyPool(Service):
 
     def __init__(self, reactor, workers: int = 1, inline_cost: int = INLINE_COST):
         self.reactor = reactor
-        self.workers = workers
+        # A reactor that cannot start processes (a test's memory reactor):
+        # every body in this process.
+        self.workers = workers if IReactorProcess.providedBy(reactor) else 0
         self.inline_cost = inline_cost
         self._idle: list[_Worker] = []
         self._all: list[_Worker] = []
