@@ -36,6 +36,7 @@ from twisted_relay.translation import RequestTranslation, UpstreamRules, transla
 
 __all__ = [
     "ASSUMED_COST_PER_BYTE",
+    "PROJECTED_FROM",
     "HEAD_FIELDS",
     "INLINE_COST",
     "BodyFacts",
@@ -68,9 +69,12 @@ ARRAY_COST = 70
 QUOTE_COST = 26
 COMMA_COST = 32
 
-#: What a body's byte is assumed to cost before any of it has arrived: about
-#: what tiny messages cost (15 bytes a byte).
+#: What a stored conversation's byte is assumed to cost, unread: about what
+#: tiny messages cost (15 bytes a byte).
 ASSUMED_COST_PER_BYTE = 16
+
+#: The bytes of a body from which its whole cost is projected.
+PROJECTED_FROM = 64 * 1024
 
 #: Bodies estimated to cost at most this are worked on in the relay's own
 #: process (5 to 45 ms of work at this cost, by shape: floats and nested
@@ -119,13 +123,11 @@ class BodyShape:
     def projected(self, length: int | None) -> int:
         """
         The cost of a whole body of ``length`` bytes (``None``: what has
-        arrived) projected from the part counted so far; before any byte,
-        as costly a byte as tiny messages (:data:`ASSUMED_COST_PER_BYTE`).
+        arrived), projected from the part counted so far once that is
+        :data:`PROJECTED_FROM` bytes or more; before, what arrived costs.
         """
-        if length is None or length <= self.size:
+        if length is None or self.size >= length or self.size < PROJECTED_FROM:
             return self.cost()
-        if not self.size:
-            return ASSUMED_COST_PER_BYTE * length
         return self.cost() * length // self.size
 
     @classmethod

@@ -27,14 +27,14 @@ class BodyBudget:
     finished or its connection lost, at what it is estimated to cost once
     parsed (:class:`~twisted_relay.body_work.BodyShape`: a body of tiny
     messages costs about fifteen times its size, one long string twice):
-    its declared length as if it were tiny messages at first, then projected
-    from the bytes that arrived, then, once the first attempt's body is
-    ready to send, only what the request keeps (its bytes, those sent, its
-    translation). A body never counts for more than seven eighths of the
-    limit (:meth:`counted`): one costing more than the whole limit is let in
-    while the others cost less than an eighth of it, and leaves that eighth
-    to small requests. When several large bodies arrive at once, the first
-    to declare its length takes the room.
+    what has arrived, and from its first 64 KiB on its whole declared length
+    projected from their shape; then, once the first attempt's body is ready
+    to send, only what the request keeps (its bytes, those sent, its
+    translation, a thread's conversation). A body never counts for more than
+    seven eighths of the limit (:meth:`counted`): one costing more than the
+    whole limit is let in while the others cost less than an eighth of it,
+    and leaves that eighth to small requests. When several large bodies
+    arrive at once, the first whose bytes show its cost takes the room.
 
     :ivar held: bytes counted now.
     """
@@ -95,12 +95,10 @@ class _BodyLimitedRequest(Request):
             self.body_too_large = True
             self.content = io.BytesIO()
             return
-        # A declared length is counted at once, as if it were the costliest
-        # of bodies; then, as the bytes come, as they show it will cost.
+        # Counted as its bytes come (handleContentChunk), not at its declared
+        # length: several large bodies declared at once would each hold room
+        # the first of them needs once its bytes show what it costs.
         self._length = length
-        if length is not None and not self._count(self._shape.projected(length)):
-            self.content = io.BytesIO()
-            return
         # In memory, however large: the route reads the whole body into
         # memory anyway, and max_body bounds it; Twisted's default spools a
         # body over 100 kB to a temporary file, a write and a read of disk.
