@@ -25,6 +25,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import TestCase
 from twisted.web.client import URI
@@ -36,6 +37,11 @@ from twisted_relay.upstream import UpstreamClient, read_body
 from twisted_relay.upstream_agent import UpstreamEndpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sleep(seconds: float) -> Deferred:
+    """A Deferred that fires ``seconds`` from now, on the reactor."""
+    return deferLater(reactor, seconds, lambda: None)
 
 
 class _Busy(Protocol):
@@ -143,20 +149,17 @@ class UpstreamTimerTests(BusyReactorTestCase):
         client = UpstreamClient(reactor, url, response_timeout=0.5)
         self.addCleanup(client.close)
         answer = client.request(b"POST", "/v1/messages", Headers({b"content-type": [b"application/json"]}), b"{}")
-        while not asked.is_set():
-            await deferLater(0.01)
+        for _ in range(1000):
+            if asked.is_set():
+                break
+            await sleep(0.01)
+        self.assertTrue(asked.is_set(), "the upstream was never asked")
         # The upstream answers 0.1 s after it was asked; the relay is busy
         # from now for a second, past the 0.5 s the headers may take.
         await self.busy_inside_a_read(lambda: time.sleep(1.0))
         response = await answer
         self.assertEqual(response.code, 200)
         self.assertEqual(json.loads(await read_body(response, reactor, None)), {"ok": True})
-
-
-def deferLater(seconds: float) -> Deferred:
-    from twisted.internet.task import deferLater as later
-
-    return later(reactor, seconds, lambda: None)
 
 
 class FloodTests(TestCase):
@@ -169,10 +172,11 @@ class FloodTests(TestCase):
     #: Paced streams, and the pace of their events (ms).
     STREAMS = 20
     PACE_MS = 50
-    #: Large bodies, and their size: 4 MB of tiny messages parse in
-    #: 0.12-0.2 s with the garbage collector, and their ids translate in
-    #: about as long again; three at once held the reactor for 0.5-1.5 s
-    #: in one piece before this work (a 32 MB one, for 5-8 s).
+    #: Large bodies, and their size: three 8 MB bodies of tiny messages,
+    #: parsed and translated in the reactor one after the other, stopped
+    #: every stream for 0.77 s before this work on the machine of
+    #: docs/benchmarks.md (three 4 MB ones for 0.39 s: too close to the line
+    #: to fail for certain on a faster machine); now 80 to 100 ms.
     BODIES = 3
     BODY_BYTES = 8_000_000
     #: How much longer than its pace a stream's gap between two events may
@@ -181,7 +185,7 @@ class FloodTests(TestCase):
 
     async def test_paced_streams_keep_their_pace(self):
         """
-        While three 4 MB bodies of about 45,000 tiny tool_use / tool_result
+        While three 8 MB bodies of about 90,000 tiny tool_use / tool_result
         messages each arrive at once, no paced stream through the same relay
         waits more than 250 ms beyond its pace between two events, or for
         its first one, and every large body gets an answer (200, or 529 when
@@ -229,5 +233,5 @@ class FloodTests(TestCase):
         for _ in range(200):
             if os.path.exists(port_file) and open(port_file).read().strip():
                 return "http://127.0.0.1:%d" % (int(open(port_file).read()),)
-            await deferLater(0.05)
+            await sleep(0.05)
         self.fail("the fake upstream did not start")
