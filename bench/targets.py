@@ -337,11 +337,6 @@ class Relay(Target):
         pythonpath = self.tree + os.pathsep + os.environ.get("PYTHONPATH", "")
         self._spawn(argv, env={"PYTHONPATH": pythonpath}, cwd=self.tree)
 
-    def pids(self) -> list[int]:
-        if self.workers > 1:
-            return super().pids()
-        return [self.pid] if self.pid else []
-
 
 _ROUTED_CONFIG = """\
 # Two upstreams, two routes; every request the bench sends goes to the first.

@@ -35,6 +35,7 @@ LAYERS = (
         ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage", "prices", "metering", "relay_keys"),
     ),
     ("message threads", ("message_threads",)),
+    ("whole-body work", ("body_work", "body_worker", "body_pool")),
     ("settings", ("configfile", "settings")),
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream")),
     ("streaming", ("sse_events", "sse")),

@@ -155,10 +155,20 @@ def _set_headers(request, headers: Headers, secrets: tuple[str, ...] = ()) -> No
 # -- notes: logs and counts of what the translation did -------------------------
 
 
-def note_repairs(context, request_id: str, translation) -> None:
-    """Log and count each duplicate id of the client's request that the translation repaired."""
-    for entry in translation.repairs:
-        context.metrics.repairs.inc()
+def note_repairs(context, request_id: str, repairs: list, count: int) -> None:
+    """
+    Count the ``count`` duplicate ids of the client's request that the
+    translation repaired, and log each of ``repairs`` (the first of them: a
+    hostile body may hold hundreds of thousands).
+    """
+    if count:
+        context.metrics.repairs.inc(count)
+    if count > len(repairs):
+        context.log.info(
+            "Repaired {count} duplicate ids ({relay_request_id}); the first {shown} follow",
+            relay_request_id=request_id, count=count, shown=len(repairs),
+        )
+    for entry in repairs:
         context.log.info(
             "Repaired duplicate id {client_id} as {upstream_id} at messages.{message_index}"
             ".content.{block_index} ({relay_request_id})",

@@ -37,6 +37,7 @@ from twisted_relay.answer import (
     error_answer,
     stamp_request_id,
 )
+from twisted_relay.body_pool import BodyPool
 from twisted_relay.config import RelayConfig
 from twisted_relay.drain import InFlight
 from twisted_relay.errors import RelayError
@@ -73,8 +74,11 @@ class RelayApp:
         one made from ``config`` when ``None``.
     :param ledger: where each answer's usage is recorded
         (:class:`~twisted_relay.usage.UsageRecord`), or ``None``.
+    :param bodies: where the work on large request bodies runs; a pool of
+        one worker process (started when first needed) when ``None``.
     :ivar requests: the requests in flight, and their draining
         (:class:`~twisted_relay.drain.InFlight`).
+    :ivar bodies: that pool (a service: stopping it stops the workers).
     """
 
     app = Klein()
@@ -93,8 +97,10 @@ class RelayApp:
         threads: ThreadKeeper | None = None,
         router: Router | None = None,
         ledger=None,
+        bodies: BodyPool | None = None,
     ):
         self.requests = InFlight(reactor)
+        self.bodies = bodies if bodies is not None else BodyPool(reactor)
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Message threads held by the relay (docs/threads.md).
         self.threads = threads if threads is not None else keeper_for(config, reactor)
@@ -113,6 +119,7 @@ class RelayApp:
             retry=RetryRule.from_config(config),
             in_flight=self.requests,
             ledger=ledger,
+            bodies=self.bodies,
         )
         self.metrics.know_models(config.prices.models)
         # Read when scraped: no work per request.

@@ -22,11 +22,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import ujson
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 
-from twisted_relay._json import to_json
 from twisted_relay.answer import (
     CLIENT_GONE_STATUS,
     JSON_CONTENT_TYPE,
@@ -39,6 +37,8 @@ from twisted_relay.answer import (
     whole,
 )
 from twisted_relay.attempts import Attempts
+from twisted_relay.body_pool import BodyPool, RequestBody
+from twisted_relay.body_work import kept_cost
 from twisted_relay.config import RelayConfig, RelayKey
 from twisted_relay.drain import InFlight
 from twisted_relay.errors import RelayError, capability_rejected
@@ -85,6 +85,9 @@ class RequestContext:
     :ivar in_flight: the requests in flight (``begin``/``end``, ``count``).
     :ivar ledger: where each answer's usage goes (an object with
         ``record(UsageRecord)`` that never blocks nor raises), or ``None``.
+    :ivar bodies: where the work on large request bodies runs
+        (:class:`~twisted_relay.body_pool.BodyPool`); ``None``: every body in
+        this process.
     """
 
     config: RelayConfig
@@ -100,6 +103,7 @@ class RequestContext:
     retry: RetryRule
     in_flight: InFlight
     ledger: Any = None
+    bodies: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +257,7 @@ class RelayedRequest:
     async def _relay(self):
         context, request, route = self.context, self.request, self.route
         received_at = self.received_at = time.time()
-        raw = body = None
+        body = None
         stream_asked = False
         try:
             self.relay_key = _admit(context, request)
@@ -262,12 +266,13 @@ class RelayedRequest:
             path = upstream_path(request)
             facts = None
             if route.has_body:
-                raw = _read_body(context.config, request)
-                body = _parse_messages_body(raw)
-                if route.threads and "thread" in body:
-                    body, raw = await self._open_thread(body, raw)
-                stream_asked = body.get("stream") is True
-                facts = RequestFacts(body, len(raw))
+                pool = context.bodies if context.bodies is not None else BodyPool(context.reactor, workers=0)
+                body = RequestBody(pool, _read_body(context.config, request), getattr(request, "body_cost", None))
+                await self.wait(body.read())
+                if route.threads and "thread" in body.head:
+                    body = await self._open_thread(body)
+                stream_asked = body.head.get("stream") is True
+                facts = body.facts
                 plan = context.router.plan_for(facts)
                 self.requested_model = facts.model
             else:
@@ -279,13 +284,14 @@ class RelayedRequest:
                 else:
                     plan = context.router.plan_for_listing()
             if isinstance(plan, NoRoute):
-                raise _no_route_error(context.router, plan, facts, body)
-            # The facts hold the parsed body, which a request waiting on
+                raise _no_route_error(context.router, plan, facts, None if body is None else body.head)
+            # The facts may hold the parsed body, which a request waiting on
             # the upstream must not keep.
             facts = None
             # The body is handed over, not kept in this frame: the first
-            # attempt drops it once serialised.
-            attempts = self._attempts = Attempts(context, self, plan, path, raw, body)
+            # attempt drops its parsed form once serialised.
+            attempts = self._attempts = Attempts(context, self, plan, path, body)
+            raw = None if body is None else body.raw
             body = None
             response, sent = await attempts.make()
         except RelayError as e:
@@ -305,6 +311,17 @@ class RelayedRequest:
             return None
         return await answer.whole_body()
 
+    def prepared(self, raw: bytes, sent) -> None:
+        """
+        The first attempt's body is ready to send: from now on the request
+        holds its bytes, those sent and its translation only, and its room in
+        the in-flight budget shrinks to that (``docs/architecture.md``, "Big bodies").
+        """
+        keep = getattr(self.request, "keep_body_cost", None)
+        if keep is not None:
+            held = 0 if self.turn is None else self.turn.held_bytes
+            keep(kept_cost(raw, sent.body, sent.translation) + held)
+
     def _model_list(self, listed: tuple[str, ...]) -> bytes:
         """
         The relay's own answer to ``GET /v1/models`` or ``/v1/models/{id}``
@@ -323,21 +340,25 @@ class RelayedRequest:
         request.setHeader(b"content-type", JSON_CONTENT_TYPE)
         return whole(request, body)
 
-    async def _open_thread(self, body: dict, raw: bytes) -> tuple[dict, bytes]:
+    async def _open_thread(self, body: RequestBody) -> RequestBody:
         """
         A request in a message thread becomes the plain request it stands
         for (a ``continue`` rebuilt from the thread the relay holds), which
-        is then translated and sent like any other, and dumped as such.
+        is then translated and sent like any other, and dumped as such. The
+        rebuilding runs where the body's work does (a worker process when
+        the body or the thread is large).
 
         :raises ThreadError: the API's own answer (not found, already
             continued, in flight, changed ``system``/``tools``, malformed).
         """
         credential = credential_of(self.request.requestHeaders)
-        turn = await self.wait(self.context.threads.open(body, owner_of(credential)))
-        if turn is None:
-            return body, raw
-        self.turn = turn
-        return turn.request, to_json(turn.request)
+        opened = await self.wait(
+            self.context.threads.open_with(body.head, owner_of(credential), body.thread_request)
+        )
+        if opened is None:
+            return body
+        self.turn, plain = opened
+        return plain
 
     async def settle_thread(self, settling: Deferred) -> None:
         """
@@ -500,13 +521,3 @@ def _read_body(config: RelayConfig, request) -> bytes:
     return content.read()
 
 
-def _parse_messages_body(raw: bytes) -> dict:
-    try:
-        body = ujson.loads(raw)
-    except (ValueError, OverflowError) as e:
-        raise RelayError(400, "Request body is not valid JSON: %s." % (e,))
-    if not isinstance(body, dict):
-        raise RelayError(400, "Request body must be a JSON object.")
-    if not isinstance(body.get("messages"), list):
-        raise RelayError(400, "messages: Field required and must be a list.")
-    return body

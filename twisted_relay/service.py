@@ -371,6 +371,7 @@ class Relay:
             sync.setServiceParent(self.service)
         _UpstreamPoolService(self).setServiceParent(self.service)
         _ThreadStoreService(self.app.threads.store).setServiceParent(self.service)
+        self.app.bodies.setServiceParent(self.service)
         if config.gc_tuning:
             GarbageCollectorTuning().setServiceParent(self.service)
         if self.dumps is not None:

@@ -32,6 +32,7 @@ from zope.interface import implementer
 
 from twisted_relay._json import to_json
 from twisted_relay.errors import RelayError
+from twisted_relay.upstream_agent import UpstreamTimer
 from twisted_relay.sse_events import (
     DEFAULT_MAX_EVENT_BYTES,
     EventFramer,
@@ -196,7 +197,7 @@ class SSEGate(Protocol):
         self._held: list[bytes] = []
         self._last_byte = 0.0
         self._quiet_since = 0.0
-        self._idle_call: IDelayedCall | None = None
+        self._idle_call: UpstreamTimer | None = None
         self._ping_call: IDelayedCall | None = None
         self.message_stop_seen = False
         self.error_event_seen = False
@@ -452,7 +453,7 @@ class SSEGate(Protocol):
         now = self._clock.seconds()
         self._last_byte = self._quiet_since = now
         if self._idle_timeout is not None and self._idle_call is None:
-            self._idle_call = self._clock.callLater(self._idle_timeout, self._idle_check)
+            self._idle_call = UpstreamTimer(self._clock, self._idle_timeout, self._idle_check)
         if self._ping_interval is not None and self._ping_call is None:
             self._ping_call = self._clock.callLater(self._ping_interval, self._ping_check)
 
@@ -469,7 +470,7 @@ class SSEGate(Protocol):
     def _idle_check(self) -> None:
         left = self._last_byte + self._idle_timeout - self._clock.seconds()
         if left > 0:
-            self._idle_call = self._clock.callLater(left, self._idle_check)
+            self._idle_call = UpstreamTimer(self._clock, left, self._idle_check)
             return
         self._idle_call = None
         self._fail(
