@@ -32,7 +32,7 @@ LAYERS = (
     ("Twisted's internals", ("_twisted",)),
     (
         "pure values and rules",
-        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage"),
+        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage", "usage_page"),
     ),
     ("message threads", ("message_threads",)),
     ("settings", ("configfile", "settings")),
