@@ -309,6 +309,14 @@ class Answer:
         request, response = self._relayed.request, self._response
         request.setResponseCode(response.code)
         _set_headers(request, client_response_headers(response.headers, connection_tokens(response)), self._context.secrets)
+        spend_headers = getattr(self._relayed, "spend_headers", None)
+        if spend_headers is not None:
+            # The key's own standing, not the upstream's account-wide limits.
+            for name, _ in list(request.responseHeaders.getAllRawHeaders()):
+                if name.lower().startswith(b"anthropic-ratelimit-"):
+                    request.responseHeaders.removeHeader(name)
+            for name, value in spend_headers:
+                request.setHeader(name, value)
         request.setHeader(RELAY_UPSTREAM_HEADER, self._exchange.attempt.upstream.name.encode("ascii"))
 
     def streams(self, stream_asked: bool) -> bool:

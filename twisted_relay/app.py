@@ -42,6 +42,7 @@ from twisted_relay.body_pool import BodyPool
 from twisted_relay.config import RelayConfig
 from twisted_relay.drain import InFlight
 from twisted_relay.errors import RelayError
+from twisted_relay.ledger_sql import LedgerError
 from twisted_relay.message_threads.turns import ThreadKeeper, keeper_for
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.relay_keys import key_pairs
@@ -55,6 +56,7 @@ from twisted_relay.relayed_request import (
     method_and_path,
 )
 from twisted_relay.routing import RetryRule, Router
+from twisted_relay.spend_guard import SpendGuard, delete_route, list_route, retrieve_route, set_route
 from twisted_relay.upstream import UpstreamClient, UpstreamClients
 
 __all__ = ["RelayApp"]
@@ -123,6 +125,10 @@ class RelayApp:
             in_flight=self.requests,
             ledger=ledger,
             bodies=self.bodies,
+            # Spend limits live in the ledger's database (docs/usage.md).
+            spend=SpendGuard(ledger, reactor=reactor, refresh_interval=config.spend_refresh_interval)
+            if hasattr(ledger, "on_database")
+            else None,
         )
         self.metrics.know_models(config.prices.models)
         # Read when scraped: no work per request.
@@ -228,6 +234,35 @@ class RelayApp:
             return await usage_page(self._context, request)
         except RelayError as e:
             return error_answer(request, e)
+
+    @app.route("/v1/organizations/spend_limits", methods=["POST"])
+    def spend_limit_set(self, request):
+        """Set a spend limit (admin key; Anthropic's Admin API shape)."""
+        return self._admin(request, set_route)
+
+    @app.route("/v1/organizations/spend_limits", methods=["GET"])
+    def spend_limit_list(self, request):
+        """List the spend limits (admin key)."""
+        return self._admin(request, list_route)
+
+    @app.route("/v1/organizations/spend_limits/<limit_id>", methods=["GET"])
+    def spend_limit_retrieve(self, request, limit_id):
+        """One spend limit (admin key)."""
+        return self._admin(request, retrieve_route, limit_id)
+
+    @app.route("/v1/organizations/spend_limits/<limit_id>", methods=["DELETE"])
+    def spend_limit_delete(self, request, limit_id):
+        """Delete a spend limit (admin key)."""
+        return self._admin(request, delete_route, limit_id)
+
+    async def _admin(self, request, route, *args):
+        stamp_request_id(request)
+        try:
+            return await route(self._context, request, *args)
+        except RelayError as e:
+            return error_answer(request, e)
+        except LedgerError as e:
+            return error_answer(request, RelayError(503, "The spend limits' database cannot be used now: %s" % (e,)))
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):

@@ -309,6 +309,9 @@ class RelayConfig:
         0 keeps them all.
     :ivar usage_max_queue: ledger rows a process holds in memory at most
         while its database does not answer; more are dropped and counted.
+    :ivar spend_refresh_interval: seconds between two reads of the spend
+        limits and the spend against them from the ledger's database
+        (``docs/usage.md``, "Spend limits").
     :ivar config_file: the ``--config`` file these settings came from, read
         again by :meth:`twisted_relay.service.Relay.reload`; ``None`` when
         there is none.
@@ -358,6 +361,7 @@ class RelayConfig:
     usage_flush_interval: float = 1.0
     usage_retention_days: float = 400.0
     usage_max_queue: int = 50_000
+    spend_refresh_interval: float = 5.0
     config_file: str | None = None
 
     def __post_init__(self):

@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Iterable
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, ensureDeferred, succeed
+from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
 from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -109,6 +109,8 @@ class Ledger(Service):
         self.dropped = 0
         self.failures = 0
         self.pruned = 0
+        #: Called with each record queued (the spend limits' own count).
+        self.listeners: list = []
 
     @property
     def pending(self) -> int:
@@ -130,6 +132,8 @@ class Ledger(Service):
                     self._log_dropped()
                 return
             self._queue.append(record)
+            for listener in self.listeners:
+                listener(record)
             if len(self._queue) >= self._batch_size and self._writing is None and self._pool is not None:
                 self._write_next()
         except Exception:
@@ -335,6 +339,21 @@ class Ledger(Service):
         # (and has left memory), one sent after is still in memory.
         d.addCallback(lambda written: written + self._unwritten_cost(since, key_name, key_group))
         return d
+
+    def unwritten(self) -> list[UsageRecord]:
+        """This process's records not written yet (queued, or in the write under way)."""
+        return [*self._batch, *self._queue]
+
+    def on_database(self, work, *args) -> Deferred:
+        """
+        ``work(database, *args)`` on the ledger's thread, after the writes
+        queued there (the spend limits' table, :mod:`twisted_relay.spend_limits_sql`);
+        fails with :class:`~twisted_relay.ledger_sql.LedgerError` when the
+        ledger is not running.
+        """
+        if self._pool is None:
+            return fail(LedgerError("the usage ledger is not running"))
+        return deferToThreadPool(self._reactor, self._pool, work, self.database, *args)
 
     def _unwritten_cost(self, since, key_name, key_group) -> Decimal:
         total = Decimal(0)

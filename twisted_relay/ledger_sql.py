@@ -29,6 +29,7 @@ from typing import Iterable, Sequence
 from urllib.parse import unquote, urlsplit
 
 from twisted_relay.redact import redact_text
+from twisted_relay.spend_limits_sql import SCHEMA as _SPEND_LIMITS_SCHEMA
 from twisted_relay.usage import TOKEN_KINDS, UsageRecord
 
 __all__ = [
@@ -43,8 +44,9 @@ __all__ = [
     "open_ledger",
 ]
 
-#: Version of the tables' layout, kept in the database; bumped on any change.
-SCHEMA_VERSION = 1
+#: Version of the tables' layout, kept in the database; bumped on any change
+#: (2: the spend limits' table, :mod:`twisted_relay.spend_limits_sql`).
+SCHEMA_VERSION = 2
 #: What installs the PostgreSQL driver.
 POSTGRES_EXTRA = "pip install 'twisted-relay[postgres]'"
 #: What a report may add up by, and the column each reads.
@@ -96,6 +98,7 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS relay_usage_at ON relay_usage (at)",
     "CREATE INDEX IF NOT EXISTS relay_usage_key_at ON relay_usage (key_name, at)",
     "CREATE INDEX IF NOT EXISTS relay_usage_group_at ON relay_usage (key_group, at)",
+    *_SPEND_LIMITS_SCHEMA,
 )
 _INSERT = "INSERT INTO relay_usage (%s) VALUES (%s) ON CONFLICT (request_id) DO NOTHING" % (
     ", ".join(name for name, _ in _COLUMNS),
@@ -382,6 +385,18 @@ class LedgerDatabase:
 
         return _dollars(self._run(select))
 
+    def run(self, work):
+        """
+        Run ``work(connection)`` in one transaction, committed; on a database
+        error raise :class:`LedgerError` (for the other tables of the
+        database, :mod:`twisted_relay.spend_limits_sql`).
+        """
+        return self._run(work)
+
+    def sql(self, text: str) -> str:
+        """``text`` with its ``?`` placeholders as this database's driver takes them."""
+        return self._sql(text)
+
     def _sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
@@ -399,6 +414,11 @@ class LedgerDatabase:
         if found is None and self._create:
             cursor.execute(
                 self._sql("INSERT INTO relay_usage_meta (name, value) VALUES (?, ?)"), ("schema_version", str(SCHEMA_VERSION))
+            )
+        elif found is not None and int(found[0]) < SCHEMA_VERSION and self._create:
+            # The new tables were made above; the old ones are unchanged.
+            cursor.execute(
+                self._sql("UPDATE relay_usage_meta SET value = ? WHERE name = ?"), (str(SCHEMA_VERSION), "schema_version")
             )
         elif found is not None and int(found[0]) > SCHEMA_VERSION:
             raise LedgerError(

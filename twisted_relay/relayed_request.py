@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
 from twisted.logger import Logger
 
 from twisted_relay.answer import (
@@ -47,6 +47,7 @@ from twisted_relay.message_threads.turns import ThreadKeeper, credential_of, own
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.model_list import model_body, model_list_body, routed_model_ids
 from twisted_relay.redact import redact_text
+from twisted_relay.spend_limits import refusal, standing_headers
 from twisted_relay.routing import NoRoute, RequestFacts, RetryRule, Router, route_matches
 from twisted_relay.upstream import UpstreamClients, path_escapes
 from twisted_relay.upstream_headers import attribution_of
@@ -90,6 +91,8 @@ class RequestContext:
     :ivar bodies: where the work on large request bodies runs
         (:class:`~twisted_relay.body_pool.BodyPool`); ``None``: every body in
         this process.
+    :ivar spend: the spend limits (:class:`~twisted_relay.spend_guard.SpendGuard`),
+        or ``None`` (no ledger).
     """
 
     config: RelayConfig
@@ -107,6 +110,7 @@ class RequestContext:
     ledger: Any = None
     admin_keys: tuple = ()
     bodies: Any = None
+    spend: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +182,9 @@ class RelayedRequest:
         }
         self.relay_key: RelayKey | None = None
         self.requested_model: str | None = None
+        #: The ``anthropic-ratelimit-unified-*`` headers its answer carries
+        #: (a key with a spend cap), or ``None``.
+        self.spend_headers: list[tuple[bytes, bytes]] | None = None
         self._attempts: Attempts | None = None
         self._waiting: Deferred | None = None
         self._over_time = False
@@ -264,6 +271,8 @@ class RelayedRequest:
         stream_asked = False
         try:
             self.relay_key = _admit(context, request)
+            if route.metered and context.spend is not None:
+                await self._check_spend()
             # Checked before anything is read or sent: a path that could
             # leave the upstream's base path is never sent.
             path = upstream_path(request)
@@ -313,6 +322,25 @@ class RelayedRequest:
             await answer.stream()
             return None
         return await answer.whole_body()
+
+    async def _check_spend(self) -> None:
+        """
+        Refuse a request whose key, group or relay is at its spend cap (429
+        ``billing_error``, before anything is sent upstream); otherwise keep
+        the headers its answer carries (:attr:`spend_headers`).
+        """
+        key = self.relay_key
+        standing = await self.wait(
+            ensureDeferred(self.context.spend.standing(key.name if key else None, key.group if key else None))
+        )
+        if standing is None:
+            return
+        if standing.exceeded:
+            error, headers = refusal(standing, time.time())
+            for name, value in headers:
+                self.request.setHeader(name, value)
+            raise error
+        self.spend_headers = standing_headers(standing)
 
     def prepared(self, raw: bytes, sent) -> None:
         """

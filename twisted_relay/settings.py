@@ -201,6 +201,7 @@ PARAMETERS = [
     ["usage-flush-interval", None, "1", "Seconds between two writes of the ledger (what a killed relay may lose)."],
     ["usage-retention-days", None, "400", "Delete ledger rows older than this many days (0: keep them all)."],
     ["usage-max-queue", None, "50000", "Ledger rows held in memory at most while its database is down."],
+    ["spend-refresh-interval", None, "5", "Seconds between two reads of spend limits and spend from the ledger."],
 ]
 
 #: Options that are on or off: long name, short name, help (the shape of
@@ -498,6 +499,7 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
             "usage-retention-days", values["usage-retention-days"], allow_zero=True, unit="days"
         ),
         usage_max_queue=usage_max_queue,
+        spend_refresh_interval=_positive("spend-refresh-interval", values["spend-refresh-interval"]),
         simulate_options={
             "seed": seed,
             "reuse_every": reuse_every,
