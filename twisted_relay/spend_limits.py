@@ -93,9 +93,12 @@ class Standing:
         return float(self.spent_cents / self.limit.amount) if self.limit.amount > 0 else 1.0
 
     def shown_utilization(self) -> float:
-        """Two decimals, kept below 1 while the cap still allows requests."""
+        """
+        Two decimals, kept below 1 while the cap still allows requests, and
+        1 once it refuses them (the gateway protocol's 429 says ``1``).
+        """
         value = round(self.utilization * 100) / 100
-        return value if self.exceeded else min(value, 0.99)
+        return 1.0 if self.exceeded else min(value, 0.99)
 
 
 def new_limit_id() -> str:
@@ -174,7 +177,7 @@ def standing_headers(standing: Standing) -> list[tuple[bytes, bytes]]:
 def refusal(standing: Standing, now: float) -> tuple[RelayError, list[tuple[bytes, bytes]]]:
     """The 429 ``billing_error`` for a key at its cap, and its headers (``retry-after`` among them)."""
     resets = datetime.fromtimestamp(standing.resets_at, timezone.utc)
-    what = {"user": "Your", "workspace": "Your group's", "organization": "The relay's"}[standing.limit.scope_type]
+    what = {"user": "your", "workspace": "your group's", "organization": "the relay's"}[standing.limit.scope_type]
     message = "spend limit reached \u00b7 resets %s %d \u00b7 %s %s spend limit is $%s; ask the relay's admin to raise it." % (
         resets.strftime("%b"),
         resets.day,

@@ -1,0 +1,248 @@
+"""
+Spend limits as people use them: the official SDK's admin client
+(``client.beta.organization.spend_limits``) against the relay on 127.0.0.1
+with a real SQLite ledger, and the official SDK as the relay keys' client
+over the simulated upstream: a key at its daily cap is refused before the
+upstream (429 ``billing_error``, not retried by the SDK), others keep
+working, a raised cap lets it through at once; a group cap and the relay's
+cap likewise; the ``anthropic-ratelimit-unified-*`` headers on the answers.
+Also the pure rules: windows, the binding cap, the headers.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import anthropic
+import httpx2
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.server import Site
+
+from twisted_relay.config import RelayConfig, RelayKey, one_upstream
+from twisted_relay.simulated import SimulatedUpstream
+from twisted_relay.spend_limits import SpendLimit, Standing, binding, standing_headers, window_end, window_start
+
+from tests.helpers import serve_relay
+
+KEYS = (
+    RelayKey("sk-relay-alice-0001", "alice", "platform"),
+    RelayKey("sk-relay-bob-0002", "bob", "platform"),
+    RelayKey("sk-relay-carol-0003", "carol", "research"),
+)
+ADMIN = RelayKey("sk-admin-0123456789", "ops")
+UNIFIED = "anthropic-ratelimit-unified-"
+
+
+class Calls:
+    """An SDK client over the relay that counts the HTTP requests it sends (its retries included)."""
+
+    def __init__(self, url: str, key: str):
+        self.sent = 0
+        http = httpx2.Client(event_hooks={"request": [self._count]}, timeout=30)
+        self.client = anthropic.Anthropic(api_key=key, base_url=url, http_client=http)
+
+    def _count(self, request) -> None:
+        self.sent += 1
+
+    def message(self):
+        """One Messages call: the raw response, or the SDK's error."""
+        try:
+            return self.client.messages.with_raw_response.create(
+                model="claude-opus-5-5", max_tokens=512, messages=[{"role": "user", "content": "Tell me a long story " * 40}]
+            )
+        except anthropic.APIStatusError as e:
+            return e
+        finally:
+            self.client.close()
+
+
+class SpendLimitTests(TestCase):
+    """The admin API and the caps, end to end."""
+
+    def setUp(self):
+        folder = self.mktemp()
+        os.makedirs(folder)
+        self.upstream = SimulatedUpstream(mode="lenient")
+        listening = reactor.listenTCP(0, Site(self.upstream.resource()), interface="127.0.0.1")
+        self.addCleanup(listening.stopListening)
+        config = RelayConfig(
+            listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (listening.getHost().port,)), dump_dir=None
+        ).with_changes(
+            relay_keys=KEYS, admin_keys=(ADMIN,), usage_db=os.path.join(folder, "usage.sqlite"), usage_flush_interval=0.1
+        )
+        self.served = serve_relay(self, config, reactor)
+        self.admin = anthropic.Anthropic(api_key=ADMIN.key, base_url=self.served.url, max_retries=0)
+        self.limits = self.admin.beta.organization.spend_limits
+        self.addCleanup(self.closed, self.admin)
+
+    async def closed(self, client) -> None:
+        """Close an SDK client and give the relay a moment to see its connections end."""
+        client.close()
+        await deferLater(reactor, 0.2, lambda: None)
+
+    def call(self, function, *args, **kwargs):
+        return deferToThread(function, *args, **kwargs)
+
+    async def message(self, key: RelayKey) -> tuple[object, int, int]:
+        """A Messages call by ``key``: its answer, the HTTP requests the SDK sent, those the upstream got."""
+        calls = Calls(self.served.url, key.key)
+        before = len(self.upstream.requests)
+        answer = await self.call(calls.message)
+        return answer, calls.sent, len(self.upstream.requests) - before
+
+    async def until_refused(self, key: RelayKey, most: int = 40):
+        """Calls by ``key`` until one is refused (at most ``most``); the successes' headers and the refusal."""
+        headers = []
+        for _ in range(most):
+            answer, sent, upstream = await self.message(key)
+            if isinstance(answer, anthropic.APIStatusError):
+                return headers, answer, sent, upstream
+            self.assertEqual(upstream, 1)
+            headers.append(answer.headers)
+        self.fail("%s was never refused in %d calls" % (key.name, most))
+
+    async def test_admin_client_and_a_daily_user_cap(self):
+        """
+        The SDK's admin client sets, lists, retrieves and deletes limits; a
+        key at its daily cap gets a 429 the SDK does not retry, with the
+        gateway's headers; another key keeps working; raising the cap lets
+        it through at once.
+        """
+        limit = await self.call(self.limits.set, amount="2", period="daily", scope={"type": "user", "user_id": "alice"})
+        self.assertTrue(limit.id.startswith("spl_"))
+        self.assertEqual((limit.amount, limit.period, limit.currency, limit.scope.type, limit.scope.user_id), ("2", "daily", "USD", "user", "alice"))
+        again = await self.call(self.limits.set, amount="3", period="daily", scope={"type": "user", "user_id": "alice"})
+        self.assertEqual((again.id, again.amount), (limit.id, "3"))
+        org = await self.call(self.limits.set, amount=None, period="monthly", scope={"type": "organization"})
+        listed = await self.call(lambda: list(self.limits.list(scope_type=["user"])))
+        self.assertEqual([item.id for item in listed], [limit.id])
+        everything = await self.call(lambda: list(self.limits.list(limit=1)))
+        self.assertEqual([item.id for item in everything], [limit.id, org.id])
+        self.assertEqual((await self.call(self.limits.retrieve, limit.id)).amount, "3")
+        deleted = await self.call(self.limits.delete, org.id)
+        self.assertEqual((deleted.id, deleted.type), (org.id, "spend_limit_deleted"))
+
+        headers, refused, sent, upstream = await self.until_refused(KEYS[0])
+        self.assertTrue(headers, "the first call was already refused")
+        self.assertEqual(headers[0][UNIFIED + "status"], "allowed")
+        self.assertEqual(headers[0][UNIFIED + "representative-claim"], "overage")
+        for each in headers:
+            self.assertLess(float(each[UNIFIED + "overage-utilization"]), 1)
+        self.assertEqual((refused.status_code, refused.body["error"]["type"], sent, upstream), (429, "billing_error", 1, 0))
+        message = refused.body["error"]["message"]
+        self.assertTrue(message.startswith("spend limit reached \u00b7 resets "), message)
+        self.assertIn("your daily spend limit is $0.03", message)
+        got = refused.response.headers
+        tomorrow = window_end("daily", datetime.now(timezone.utc).timestamp())
+        self.assertEqual(got["x-should-retry"], "false")
+        self.assertEqual(
+            {name: got.get(UNIFIED + name) for name in ("status", "overage-utilization", "overage-surpassed-threshold", "overage-period", "overage-disabled-reason", "representative-claim", "overage-status", "reset")},
+            {"status": "rejected", "overage-utilization": "1", "overage-surpassed-threshold": "1", "overage-period": "daily", "overage-disabled-reason": "org_spend_cap_reached", "representative-claim": None, "overage-status": None, "reset": str(int(tomorrow))},
+        )
+        self.assertLess(abs(int(got["retry-after"]) - (tomorrow - datetime.now(timezone.utc).timestamp())), 60)
+
+        # Bob (no cap of his own) keeps working, and hears of no cap.
+        answer, sent, upstream = await self.message(KEYS[1])
+        self.assertEqual((answer.http_response.status_code, upstream), (200, 1))
+        self.assertFalse([name for name in answer.headers if name.startswith("anthropic-ratelimit-")])
+
+        # Raised: through at once.
+        await self.call(self.limits.set, amount="100000", period="daily", scope={"type": "user", "user_id": "alice"})
+        answer, sent, upstream = await self.message(KEYS[0])
+        self.assertEqual((answer.http_response.status_code, upstream), (200, 1))
+        self.assertEqual(answer.headers[UNIFIED + "status"], "allowed")
+
+    async def test_group_and_relay_caps(self):
+        """A group's cap stops its keys only; the relay's cap stops every key; deleting one lifts it."""
+        group = await self.call(self.limits.set, amount="2", period="weekly", scope={"type": "workspace", "workspace_id": "platform"})
+        headers, refused, sent, upstream = await self.until_refused(KEYS[0])
+        self.assertEqual((refused.status_code, sent, upstream), (429, 1, 0))
+        self.assertEqual(refused.response.headers[UNIFIED + "overage-scope"], "group_pool")
+        self.assertEqual(refused.response.headers[UNIFIED + "overage-period"], "weekly")
+        answer, sent, upstream = await self.message(KEYS[1])
+        self.assertEqual((getattr(answer, "status_code", None), upstream), (429, 0))
+        answer, sent, upstream = await self.message(KEYS[2])
+        self.assertEqual((answer.http_response.status_code, upstream), (200, 1))
+        await self.call(self.limits.delete, group.id)
+        answer, sent, upstream = await self.message(KEYS[1])
+        self.assertEqual((answer.http_response.status_code, upstream), (200, 1))
+
+        relay = await self.call(self.limits.set, amount="1", period="monthly", scope={"type": "organization"})
+        for key in KEYS:
+            answer, sent, upstream = await self.message(key)
+            self.assertEqual((getattr(answer, "status_code", None), sent, upstream), (429, 1, 0), key.name)
+        await self.call(self.limits.delete, relay.id)
+        answer, sent, upstream = await self.message(KEYS[2])
+        self.assertEqual((answer.http_response.status_code, upstream), (200, 1))
+
+    async def test_who_may_use_the_admin_routes_and_errors(self):
+        """A relay key never opens the admin routes; bad input gets Anthropic's envelope."""
+        relay_client = anthropic.Anthropic(api_key=KEYS[0].key, base_url=self.served.url, max_retries=0)
+        self.addCleanup(self.closed, relay_client)
+        with self.assertRaises(anthropic.AuthenticationError):
+            await self.call(lambda: list(relay_client.beta.organization.spend_limits.list()))
+        with self.assertRaises(anthropic.AuthenticationError):
+            await self.call(relay_client.beta.organization.spend_limits.set, amount="1", scope={"type": "organization"})
+        with self.assertRaises(anthropic.BadRequestError) as bad:
+            await self.call(self.limits.set, amount="1", scope={"type": "rbac_group", "rbac_group_id": "x"})
+        self.assertEqual(bad.exception.body["error"]["type"], "invalid_request_error")
+        with self.assertRaises(anthropic.BadRequestError):
+            await self.call(lambda: list(self.limits.list(scope_type=["seat_tier"])))
+        with self.assertRaises(anthropic.BadRequestError):
+            await self.call(self.limits.set, amount="1.5", scope={"type": "organization"})
+        with self.assertRaises(anthropic.NotFoundError) as missing:
+            await self.call(self.limits.retrieve, "spl_nothing")
+        self.assertEqual(missing.exception.body["error"]["type"], "not_found_error")
+        with self.assertRaises(anthropic.NotFoundError):
+            await self.call(self.limits.delete, "spl_nothing")
+        # The admin key is refused where messages go.
+        calls = Calls(self.served.url, ADMIN.key)
+        answer = await self.call(calls.message)
+        self.assertEqual(answer.status_code, 401)
+
+
+def _limit(scope_type="user", period="daily", amount=100, scope_id="alice"):
+    return SpendLimit("spl_x", scope_type, scope_id, period, amount, 0.0, 0.0)
+
+
+class RuleTests(SynchronousTestCase):
+    """Windows, the binding cap and the headers, as the gateway computes them."""
+
+    def test_windows(self):
+        at = datetime(2026, 12, 3, 15, 30, tzinfo=timezone.utc).timestamp()  # a Thursday
+        utc = lambda *parts: datetime(*parts, tzinfo=timezone.utc).timestamp()  # noqa: E731
+        self.assertEqual(window_start("daily", at), utc(2026, 12, 3))
+        self.assertEqual(window_end("daily", at), utc(2026, 12, 4))
+        self.assertEqual(window_start("weekly", at), utc(2026, 11, 30))
+        self.assertEqual(window_end("weekly", at), utc(2026, 12, 7))
+        self.assertEqual(window_start("monthly", at), utc(2026, 12, 1))
+        self.assertEqual(window_end("monthly", at), utc(2027, 1, 1))
+
+    def test_headers_by_utilization(self):
+        def headers(spent):
+            return {k.decode(): v.decode() for k, v in standing_headers(Standing(_limit(), Decimal(spent), 1000.0))}
+
+        low = headers(50)
+        self.assertEqual((low[UNIFIED + "status"], low[UNIFIED + "overage-utilization"]), ("allowed", "0.5"))
+        self.assertNotIn(UNIFIED + "overage-surpassed-threshold", low)
+        warned = headers(80)
+        self.assertEqual((warned[UNIFIED + "status"], warned[UNIFIED + "overage-surpassed-threshold"]), ("allowed_warning", "0.75"))
+        self.assertEqual(warned[UNIFIED + "overage-status"], "allowed_warning")
+        nearly = headers("99.7")
+        self.assertEqual((nearly[UNIFIED + "overage-surpassed-threshold"], nearly[UNIFIED + "overage-utilization"]), ("0.95", "0.99"))
+        self.assertEqual(headers(100)[UNIFIED + "status"], "rejected")
+
+    def test_binding(self):
+        full = Standing(_limit(), Decimal(90), 100.0)
+        empty = Standing(_limit(period="monthly"), Decimal(10), 300.0)
+        over_soon = Standing(_limit(), Decimal(100), 100.0)
+        over_late = Standing(_limit(period="weekly"), Decimal(200), 200.0)
+        self.assertIs(binding([empty, full]), full)
+        self.assertIs(binding([full, over_soon, empty]), over_soon)
+        self.assertIs(binding([over_soon, over_late]), over_late)
+        self.assertIsNone(binding([]))
