@@ -12,6 +12,7 @@ Also the pure rules: windows, the binding cap, the headers.
 from __future__ import annotations
 
 import os
+import time
 from datetime import datetime, timezone
 from decimal import Decimal
 
@@ -27,6 +28,7 @@ from twisted_relay.config import RelayConfig, RelayKey, one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 from twisted_relay.spend_limits import SpendLimit, Standing, binding, standing_headers, window_end, window_start
 
+from tests import postgres_server
 from tests.helpers import serve_relay
 
 KEYS = (
@@ -246,3 +248,100 @@ class RuleTests(SynchronousTestCase):
         self.assertIs(binding([full, over_soon, empty]), over_soon)
         self.assertIs(binding([over_soon, over_late]), over_late)
         self.assertIsNone(binding([]))
+
+
+class SharedPostgresTests(TestCase):
+    """
+    Two relays on one PostgreSQL ledger share a cap within the stated bound;
+    with PostgreSQL stopped a relay keeps relaying against the last totals
+    it read plus its own usage (caps fail open, counting what it saw).
+    """
+
+    skip = postgres_server.SKIP_REASON
+    REFRESH, FLUSH = 0.5, 0.1
+
+    def setUp(self):
+        self.server = postgres_server.PostgresServer()
+        self.server.start()
+        self.addCleanup(self.server.destroy)
+        self.upstream = SimulatedUpstream(mode="lenient")
+        listening = reactor.listenTCP(0, Site(self.upstream.resource()), interface="127.0.0.1")
+        self.addCleanup(listening.stopListening)
+        self.config = RelayConfig(
+            listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (listening.getHost().port,)), dump_dir=None
+        ).with_changes(
+            relay_keys=KEYS, admin_keys=(ADMIN,), usage_db=self.server.new_database(),
+            usage_flush_interval=self.FLUSH, spend_refresh_interval=self.REFRESH,
+        )
+
+    def relay(self):
+        served = serve_relay(self, self.config, reactor)
+        admin = anthropic.Anthropic(api_key=ADMIN.key, base_url=served.url, max_retries=0)
+        self.addCleanup(SpendLimitTests.closed, self, admin)
+        return served, admin.beta.organization.spend_limits
+
+    async def message(self, served, key: RelayKey):
+        calls = Calls(served.url, key.key)
+        return await deferToThread(calls.message)
+
+    def spent_cents(self) -> Decimal:
+        with postgres_server.psycopg.connect(self.config.usage_db) as connection:
+            nanos = connection.execute("SELECT COALESCE(SUM(cost_nano_usd), 0) FROM relay_usage").fetchone()[0]
+        return Decimal(nanos) / Decimal(10**7)
+
+    async def test_two_relays_share_a_cap(self):
+        """
+        Requests one after the other, alternating between two relays, stop
+        on both; what was let through after the shared cap was reached all
+        started within one refresh interval plus one flush interval of it.
+        """
+        (first, limits), (second, _) = self.relay(), self.relay()
+        cap = 5
+        await deferToThread(limits.set, amount=str(cap), period="monthly", scope={"type": "organization"})
+        accepted, refused = [], set()
+        for n in range(60):
+            if len(refused) == 2:
+                break
+            served = (first, second)[n % 2]
+            started = time.monotonic()
+            answer = await self.message(served, KEYS[n % 3])
+            if isinstance(answer, anthropic.APIStatusError):
+                self.assertEqual(answer.status_code, 429)
+                refused.add(served.port)
+            else:
+                accepted.append((started, served.port))
+                # The ledger's running total after this answer (each relay's own rows are written within FLUSH).
+                await deferLater(reactor, self.FLUSH * 3, lambda: None)
+                accepted[-1] += (self.spent_cents(),)
+        self.assertEqual(len(refused), 2, "both relays refused in the end")
+        reached = [at for at, _, total in accepted if total >= cap]
+        past = [entry for entry in accepted if reached and entry[0] > reached[0]]
+        bound = self.REFRESH + self.FLUSH * 3 + 0.5
+        for at, port, _ in past:
+            self.assertLessEqual(at - reached[0], bound)
+        overshoot = self.spent_cents() - cap
+        print("\nshared cap %d cents: spent %.4f cents (overshoot %.4f cents, %d requests past the cap)" % (cap, self.spent_cents(), overshoot, len(past)))
+
+    async def test_postgres_stopped_keeps_the_last_totals(self):
+        """With PostgreSQL stopped, a relay relays on, counting its own usage onto what it last read, until the cap."""
+        served, limits = self.relay()
+        await deferToThread(limits.set, amount="4", period="daily", scope={"type": "user", "user_id": "alice"})
+        answer = await self.message(served, KEYS[0])
+        self.assertEqual(answer.http_response.status_code, 200)
+        before = float(answer.headers[UNIFIED + "overage-utilization"])
+        await deferLater(reactor, self.REFRESH * 2, lambda: None)
+        self.server.stop()
+        utilizations, refusal = [], None
+        for _ in range(30):
+            answer = await self.message(served, KEYS[0])
+            if isinstance(answer, anthropic.APIStatusError):
+                refusal = answer
+                break
+            utilizations.append(float(answer.headers[UNIFIED + "overage-utilization"]))
+        self.assertTrue(utilizations, "relayed while PostgreSQL was down")
+        self.assertGreaterEqual(utilizations[0], before)
+        self.assertEqual(utilizations, sorted(utilizations))
+        self.assertIsNotNone(refusal, "the cap still stops alice with the database down")
+        self.assertEqual(refusal.status_code, 429)
+        answer = await self.message(served, KEYS[2])
+        self.assertEqual(answer.http_response.status_code, 200)
