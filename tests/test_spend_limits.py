@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 
 import anthropic
+import treq
 import httpx2
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
@@ -158,6 +159,14 @@ class SpendLimitTests(TestCase):
         answer, sent, upstream = await self.message(KEYS[0])
         self.assertEqual((answer.http_response.status_code, upstream), (200, 1))
         self.assertEqual(answer.headers[UNIFIED + "status"], "allowed")
+
+        # The usage page draws alice's cap bar from the limit, bob has none.
+        page = await treq.get(self.served.url + "/admin/usage", headers={"x-api-key": ADMIN.key}, persistent=False)
+        html = (await page.content()).decode("utf-8")
+        alice = html[html.index('data-key="alice"'):]
+        self.assertIn("of $1,000.00 daily", alice[: alice.index("</tr>")])
+        bob = html[html.index('data-key="bob"'):]
+        self.assertIn("no cap", bob[: bob.index("</tr>")])
 
     async def test_group_and_relay_caps(self):
         """A group's cap stops its keys only; the relay's cap stops every key; deleting one lifts it."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 from twisted_relay.errors import RelayError
 from twisted_relay.relay_keys import RelayKey, key_presented
-from twisted_relay.usage_page import KeyUsage, render_usage_page
+from twisted_relay.usage_page import Cap, KeyUsage, render_usage_page
 
 __all__ = ["NO_KEY_NAME", "admin_of", "usage_page"]
 
@@ -60,11 +61,22 @@ async def usage_page(context, request) -> bytes:
     # The rows this process still holds go first, so the page shows them.
     await ledger.flush()
     totals = await ledger.totals(["key", "group", "day"], since=since)
-    keys = _key_usage(totals, shown)
+    keys = [replace(key, cap=await _cap_of(context, key)) for key in _key_usage(totals, shown)]
     request.setHeader(b"content-type", _HTML)
     request.setHeader(b"cache-control", b"no-store")
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     return render_usage_page(keys, shown, generated=generated)
+
+
+async def _cap_of(context, key: KeyUsage) -> Cap | None:
+    """The spend cap that binds ``key`` now (:mod:`twisted_relay.spend_guard`), for its bar."""
+    if context.spend is None or key.name == NO_KEY_NAME:
+        return None
+    standing = await context.spend.standing(key.name, key.group)
+    if standing is None:
+        return None
+    limit = standing.limit
+    return Cap(Decimal(limit.amount) / 100, limit.period, standing.spent_cents / 100, limit.scope_type)
 
 
 def _days_asked(request) -> int:
