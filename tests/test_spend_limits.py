@@ -354,3 +354,31 @@ class SharedPostgresTests(TestCase):
         self.assertEqual(refusal.status_code, 429)
         answer = await self.message(served, KEYS[2])
         self.assertEqual(answer.http_response.status_code, 200)
+
+
+class SchemaTests(SynchronousTestCase):
+    """A ledger of schema 1 gains the limits' table when a relay of this version opens it."""
+
+    def test_upgrade_from_schema_1(self):
+        import sqlite3
+
+        from twisted_relay.ledger_sql import SCHEMA_VERSION, open_ledger
+        from twisted_relay.spend_limits_sql import all_limits, set_limit
+
+        folder = self.mktemp()
+        os.makedirs(folder)
+        path = os.path.join(folder, "usage.sqlite")
+        database = open_ledger(path)
+        database.open()
+        database.close()
+        with sqlite3.connect(path) as connection:
+            connection.execute("DROP TABLE relay_spend_limits")
+            connection.execute("UPDATE relay_usage_meta SET value = '1' WHERE name = 'schema_version'")
+        database = open_ledger(path)
+        database.open()
+        limit = set_limit(database, "user", "alice", "daily", 100)
+        self.assertEqual([each.id for each in all_limits(database)], [limit.id])
+        database.close()
+        with sqlite3.connect(path) as connection:
+            found = connection.execute("SELECT value FROM relay_usage_meta WHERE name = 'schema_version'").fetchone()
+        self.assertEqual((SCHEMA_VERSION, found[0]), (2, "2"))

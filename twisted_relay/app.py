@@ -262,7 +262,9 @@ class RelayApp:
         except RelayError as e:
             return error_answer(request, e)
         except LedgerError as e:
-            return error_answer(request, RelayError(503, "The spend limits' database cannot be used now: %s" % (e,)))
+            return error_answer(
+                request, RelayError(503, "The spend limits' database cannot be used now: %s" % (e,), error_type="api_error")
+            )
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):
