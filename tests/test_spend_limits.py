@@ -179,6 +179,14 @@ class SpendLimitTests(TestCase):
         self.assertEqual((getattr(answer, "status_code", None), upstream), (429, 0))
         answer, sent, upstream = await self.message(KEYS[2])
         self.assertEqual((answer.http_response.status_code, upstream), (200, 1))
+        # The effective report: the group's cap binds alice and bob; carol has none.
+        rows = await self.call(lambda: list(self.limits.effective.list(limit=1)))
+        self.assertEqual(
+            [(row.actor.user_id, row.period, row.source.type, row.spend_limit_id, row.amount) for row in rows],
+            [("alice", "weekly", "workspace", group.id, "2"), ("bob", "weekly", "workspace", group.id, "2")],
+        )
+        self.assertGreater(Decimal(rows[0].period_to_date_spend), 0)
+        self.assertEqual(rows[1].period_to_date_spend, "0")
         await self.call(self.limits.delete, group.id)
         answer, sent, upstream = await self.message(KEYS[1])
         self.assertEqual((answer.http_response.status_code, upstream), (200, 1))

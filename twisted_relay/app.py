@@ -56,7 +56,7 @@ from twisted_relay.relayed_request import (
     method_and_path,
 )
 from twisted_relay.routing import RetryRule, Router
-from twisted_relay.spend_guard import SpendGuard, delete_route, list_route, retrieve_route, set_route
+from twisted_relay.spend_guard import SpendGuard, delete_route, effective_route, list_route, retrieve_route, set_route
 from twisted_relay.upstream import UpstreamClient, UpstreamClients
 
 __all__ = ["RelayApp"]
@@ -244,6 +244,11 @@ class RelayApp:
     def spend_limit_list(self, request):
         """List the spend limits (admin key)."""
         return self._admin(request, list_route)
+
+    @app.route("/v1/organizations/spend_limits/effective", methods=["GET"])
+    def spend_limit_effective(self, request):
+        """The cap that binds each relay key, per period, and its spend (admin key)."""
+        return self._admin(request, effective_route)
 
     @app.route("/v1/organizations/spend_limits/<limit_id>", methods=["GET"])
     def spend_limit_retrieve(self, request, limit_id):

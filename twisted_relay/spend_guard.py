@@ -44,7 +44,7 @@ from twisted_relay.spend_limits import (
 )
 from twisted_relay.spend_limits_sql import all_limits, delete_limit, set_limit
 
-__all__ = ["DEFAULT_REFRESH_INTERVAL", "SpendGuard", "delete_route", "list_route", "retrieve_route", "set_route"]
+__all__ = ["DEFAULT_REFRESH_INTERVAL", "SpendGuard", "delete_route", "effective_route", "list_route", "retrieve_route", "set_route"]
 
 #: Seconds between two reads of the limits and the spend from the database.
 DEFAULT_REFRESH_INTERVAL = 5.0
@@ -101,6 +101,26 @@ class SpendGuard:
                 continue
             standings.append(Standing(limit, self._spent_on(limit, now) * _HUNDRED, window_end(limit.period, now)))
         return binding(standings)
+
+    async def report(self, key_name: str, key_group: str | None, periods) -> list[tuple[Standing, Decimal]]:
+        """
+        For each period in ``periods`` with a cap on that key: the cap that
+        binds it in that period, and what the key itself spent in it (cents).
+        """
+        await self.standing(key_name, key_group)  # (reads the database first if never read)
+        now = self._clock()
+        rows = []
+        for period in periods:
+            standings = [
+                Standing(limit, self._spent_on(limit, now) * _HUNDRED, window_end(period, now))
+                for limit in self._limits.values()
+                if limit.period == period and limit.amount is not None and limit.applies_to(key_name, key_group)
+            ]
+            chosen = binding(standings)
+            if chosen is not None:
+                own = SpendLimit("", "user", key_name, period, None, 0.0, 0.0)
+                rows.append((chosen, self._spent_on(own, now) * _HUNDRED))
+        return rows
 
     def know(self, limit: SpendLimit | None, *, forget: str | None = None) -> None:
         """A limit set (or deleted, ``forget``) here applies at once."""
@@ -202,12 +222,7 @@ async def list_route(context, request) -> bytes:
     for scope_type in types:
         check_scope_type(scope_type)
     workspace = (args.get(b"workspace_id") or [None])[0]
-    try:
-        size = int((args.get(b"limit") or [b"20"])[0])
-    except ValueError:
-        size = 0
-    if not 1 <= size <= 1000:
-        raise RelayError(400, "limit: a whole number from 1 to 1000.")
+    size = _page_size(args)
     after = (args.get(b"page") or [b""])[0].decode("utf-8", "replace")
     limits = await context.ledger.on_database(all_limits)
     chosen = [
@@ -221,6 +236,60 @@ async def list_route(context, request) -> bytes:
     page = chosen[:size]
     more = len(chosen) > size
     return _answer(request, {"data": [limit_body(limit) for limit in page], "next_page": page[-1].id if more else None})
+
+
+async def effective_route(context, request) -> bytes:
+    """
+    ``GET /v1/organizations/spend_limits/effective``: for each relay key
+    (member) and period, the cap that binds it and what it spent, a page
+    of keys at a time (cursor: the last key's name).
+    """
+    admin_of(context, request)
+    guard = _guard_of(context)
+    args = request.args
+    periods = [p.decode("utf-8", "replace") for p in args.get(b"period", []) + args.get(b"period[]", [])] or list(PERIODS)
+    if any(period not in PERIODS for period in periods):
+        raise RelayError(400, "period: each one of %s." % (", ".join(PERIODS),))
+    wanted = {u.decode("utf-8", "replace") for u in args.get(b"user_ids", []) + args.get(b"user_ids[]", [])}
+    size = _page_size(args)
+    after = (args.get(b"page") or [b""])[0].decode("utf-8", "replace")
+    members = {}
+    for _, key in context.relay_keys:
+        if (not wanted or key.name in wanted) and key.name > after:
+            members.setdefault(key.name, key.group)
+    names = sorted(members)
+    page, more = names[:size], len(names) > size
+    data = []
+    for name in page:
+        for standing, spent in await guard.report(name, members[name], periods):
+            limit = standing.limit
+            data.append({
+                "actor": {"type": "user_actor", "user_id": name, "name": name, "email_address": None, "deleted": False},
+                "scope": {"type": "user", "user_id": name},
+                "source": limit_body(limit)["scope"],
+                "spend_limit_id": limit.id,
+                "period": limit.period,
+                "amount": str(limit.amount),
+                "currency": "USD",
+                "period_to_date_spend": _cents(spent),
+            })
+    return _answer(request, {"data": data, "next_page": page[-1] if more else None})
+
+
+def _page_size(args) -> int:
+    try:
+        size = int((args.get(b"limit") or [b"20"])[0])
+    except ValueError:
+        size = 0
+    if not 1 <= size <= 1000:
+        raise RelayError(400, "limit: a whole number from 1 to 1000.")
+    return size
+
+
+def _cents(value: Decimal) -> str:
+    """Cents with up to three decimals, as the API writes spend."""
+    text = format(value.quantize(Decimal("0.001")), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 async def _find(context, limit_id: str) -> SpendLimit:
