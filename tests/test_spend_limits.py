@@ -22,6 +22,7 @@ import httpx2
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.server import Site
 
@@ -76,8 +77,14 @@ class SpendLimitTests(TestCase):
         config = RelayConfig(
             listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (listening.getHost().port,)), dump_dir=None
         ).with_changes(
-            relay_keys=KEYS, admin_keys=(ADMIN,), usage_db=os.path.join(folder, "usage.sqlite"), usage_flush_interval=0.1
+            relay_keys=KEYS, admin_keys=(ADMIN,), usage_db=os.path.join(folder, "usage.sqlite"), usage_flush_interval=0.1,
+            metrics=True,
         )
+        self.db = config.usage_db
+        self.logged: list[str] = []
+        observer = lambda event: self.logged.append(formatEvent(event) + repr(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
         self.served = serve_relay(self, config, reactor)
         self.admin = anthropic.Anthropic(api_key=ADMIN.key, base_url=self.served.url, max_retries=0)
         self.limits = self.admin.beta.organization.spend_limits
@@ -223,6 +230,27 @@ class SpendLimitTests(TestCase):
         calls = Calls(self.served.url, ADMIN.key)
         answer = await self.call(calls.message)
         self.assertEqual(answer.status_code, 401)
+
+    async def test_no_key_in_logs_metrics_or_database(self):
+        """After limits set, answers and refusals, no admin or relay key is in a log line, the metrics or the database."""
+        await self.call(self.limits.set, amount="1", period="daily", scope={"type": "user", "user_id": "alice"})
+        await self.until_refused(KEYS[0])
+        await self.message(KEYS[1])
+        metrics = await treq.get(self.served.url + "/metrics", persistent=False)
+        text = (await metrics.content()).decode("utf-8")
+        self.assertIn("relay_usage", text)
+        await self.served.relay.ledger.flush()
+        stored = b""
+        for path in (self.db, self.db + "-wal"):  # (the rows may still be in the write-ahead log)
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    stored += f.read()
+        self.assertIn(b"alice", stored)
+        self.assertTrue(self.logged)
+        for key in (ADMIN, *KEYS):
+            self.assertNotIn(key.key, text)
+            self.assertNotIn(key.key.encode(), stored)
+            self.assertFalse([line for line in self.logged if key.key in line], key.name)
 
 
 def _limit(scope_type="user", period="daily", amount=100, scope_id="alice"):
