@@ -11,6 +11,7 @@ Also the pure rules: windows, the binding cap, the headers.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import datetime, timezone
@@ -24,6 +25,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from twisted_relay.config import RelayConfig, RelayKey, one_upstream
@@ -418,3 +420,62 @@ class SchemaTests(SynchronousTestCase):
         with sqlite3.connect(path) as connection:
             found = connection.execute("SELECT value FROM relay_usage_meta WHERE name = 'schema_version'").fetchone()
         self.assertEqual((SCHEMA_VERSION, found[0]), (2, "2"))
+
+
+class _RateLimitedUpstream(Resource):
+    """An upstream answering every Messages request whole, with the account-wide rate-limit headers today's API sends."""
+
+    isLeaf = True
+
+    def render_POST(self, request):
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"anthropic-ratelimit-requests-remaining", b"49")
+        request.setHeader(b"anthropic-ratelimit-unified-status", b"allowed")
+        request.setHeader(b"anthropic-ratelimit-unified-overage-utilization", b"0.10")
+        return json.dumps({
+            "id": "msg_01", "type": "message", "role": "assistant", "model": "claude-opus-5-5",
+            "content": [{"type": "text", "text": "Hello"}], "stop_reason": "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": 1000, "output_tokens": 100},
+        }).encode("utf-8")
+
+
+class UpstreamHeaderTests(TestCase):
+    """For a key with a cap, the upstream's own anthropic-ratelimit-* headers never reach the client; for others they pass."""
+
+    async def test_capped_key_gets_only_its_own_standing(self):
+        folder = self.mktemp()
+        os.makedirs(folder)
+        listening = reactor.listenTCP(0, Site(_RateLimitedUpstream()), interface="127.0.0.1")
+        self.addCleanup(listening.stopListening)
+        config = RelayConfig(
+            listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (listening.getHost().port,)), dump_dir=None
+        ).with_changes(relay_keys=KEYS, admin_keys=(ADMIN,), usage_db=os.path.join(folder, "usage.sqlite"))
+        served = serve_relay(self, config, reactor)
+        limit = await treq.post(
+            served.url + "/v1/organizations/spend_limits",
+            json.dumps({"scope": {"type": "user", "user_id": "alice"}, "period": "monthly", "amount": "100000"}).encode(),
+            headers={"x-api-key": ADMIN.key, "content-type": "application/json"}, persistent=False,
+        )
+        self.assertEqual(limit.code, 200)
+        await limit.content()
+
+        async def headers_of(key):
+            response = await treq.post(
+                served.url + "/v1/messages",
+                json.dumps({"model": "claude-opus-5-5", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]}).encode(),
+                headers={"x-api-key": key.key, "content-type": "application/json"}, persistent=False,
+            )
+            await response.content()
+            self.assertEqual(response.code, 200)
+            return {
+                name.decode().lower(): values
+                for name, values in response.headers.getAllRawHeaders()
+                if name.lower().startswith(b"anthropic-ratelimit-")
+            }
+
+        capped = await headers_of(KEYS[0])
+        self.assertNotIn("anthropic-ratelimit-requests-remaining", capped)
+        self.assertEqual(capped[UNIFIED + "status"], [b"allowed"])
+        self.assertEqual(capped[UNIFIED + "overage-utilization"], [b"0"])
+        uncapped = await headers_of(KEYS[1])
+        self.assertEqual(uncapped["anthropic-ratelimit-requests-remaining"], [b"49"])
