@@ -479,3 +479,37 @@ class UpstreamHeaderTests(TestCase):
         self.assertEqual(capped[UNIFIED + "overage-utilization"], [b"0"])
         uncapped = await headers_of(KEYS[1])
         self.assertEqual(uncapped["anthropic-ratelimit-requests-remaining"], [b"49"])
+
+
+class GuardTests(TestCase):
+    """The guard over a real SQLite ledger."""
+
+    async def test_a_new_cap_counts_what_was_spent_before_it(self):
+        """
+        A cap set on a key that already spent in the period counts that
+        spend at once (the guard reads it before answering), though the
+        guard's last read had no period to add up.
+        """
+        from twisted_relay.ledger import Ledger
+        from twisted_relay.ledger_sql import open_ledger
+        from twisted_relay.spend_guard import SpendGuard
+        from twisted_relay.spend_limits_sql import set_limit
+
+        from tests.ledger_records import usage_record
+
+        folder = self.mktemp()
+        os.makedirs(folder)
+        ledger = Ledger(open_ledger(os.path.join(folder, "usage.sqlite")), reactor=reactor, flush_interval=0.05)
+        ledger.startService()
+        self.addCleanup(ledger.stopService)
+        guard = SpendGuard(ledger, reactor=reactor, refresh_interval=0.1)
+        self.assertIsNone(await guard.standing("bob", None))
+        ledger.record(usage_record(1, key_name="bob", key_group=None, at=time.time(), cost=Decimal("0.05")))
+        await ledger.flush()
+        await deferLater(reactor, 0.15, lambda: None)
+        self.assertIsNone(await guard.standing("bob", None))  # starts a read: the row leaves the guard's own count
+        await deferLater(reactor, 0.15, lambda: None)
+        limit = await ledger.on_database(set_limit, "user", "bob", "weekly", 1)
+        guard.know(limit)
+        standing = await guard.standing("bob", None)
+        self.assertEqual((standing.exceeded, standing.spent_cents), (True, Decimal(5)))

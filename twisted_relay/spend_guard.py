@@ -52,9 +52,14 @@ _HUNDRED = Decimal(100)
 
 
 def _read_all(database, starts: dict[str, float]):
-    """The limits, and for each period the spend by key and group since its window's start."""
-    spends = {period: database.totals(["key", "group"], since=start) for period, start in starts.items()}
-    return all_limits(database), spends
+    """
+    The limits, and for each period some limit caps the spend by key and
+    group since its window's start (no query for a period no limit uses).
+    """
+    limits = all_limits(database)
+    used = {limit.period for limit in limits if limit.amount is not None}
+    spends = {period: database.totals(["key", "group"], since=start) for period, start in starts.items() if period in used}
+    return limits, spends
 
 
 class SpendGuard:
@@ -88,19 +93,30 @@ class SpendGuard:
         """The cap that describes a request by that key now, or ``None`` for a key with no cap."""
         if self._read_at is None:
             # The first read: every request waits for it (one read for all).
-            reading = self._reading if self._reading is not None else self._refresh()
-            waiting: Deferred = Deferred()
-            reading.addBoth(lambda result: waiting.callback(None) or result)
-            await waiting
+            await self._read_done()
         elif self._reactor.seconds() - self._read_at >= self._interval and self._reading is None:
             self._refresh()
         now = self._clock()
-        standings = []
-        for limit in self._limits.values():
-            if limit.amount is None or not limit.applies_to(key_name, key_group):
-                continue
-            standings.append(Standing(limit, self._spent_on(limit, now) * _HUNDRED, window_end(limit.period, now)))
+        applying = [limit for limit in self._limits.values() if limit.amount is not None and limit.applies_to(key_name, key_group)]
+        if not self._failing and any((limit.period, window_start(limit.period, now)) not in self._spent for limit in applying):
+            # A cap whose period's spend was not read yet (just set, or a
+            # new window): wait for a read rather than count from zero.
+            await self._read_done()
+            now = self._clock()
+            applying = [
+                limit for limit in self._limits.values() if limit.amount is not None and limit.applies_to(key_name, key_group)
+            ]
+        standings = [
+            Standing(limit, self._spent_on(limit, now) * _HUNDRED, window_end(limit.period, now)) for limit in applying
+        ]
         return binding(standings)
+
+    async def _read_done(self) -> None:
+        """Wait for the read under way, or a new one."""
+        reading = self._reading if self._reading is not None else self._refresh()
+        waiting: Deferred = Deferred()
+        reading.addBoth(lambda result: waiting.callback(None) or result)
+        await waiting
 
     async def report(self, key_name: str, key_group: str | None, periods) -> list[tuple[Standing, Decimal]]:
         """
