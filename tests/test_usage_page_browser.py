@@ -99,8 +99,8 @@ class UsagePageTests(TestCase):
         """Cost (dollars) and requests by key name, read from the SQLite file itself."""
         totals: dict = defaultdict(lambda: [Decimal(0), 0])
         with sqlite3.connect(self.db) as connection:
-            for name, nano, in connection.execute("SELECT key_name, cost_nano_usd FROM relay_usage"):
-                totals[name][0] += Decimal(nano or 0) / Decimal(10**9)
+            for name, pico in connection.execute("SELECT key_name, cost_pico_usd FROM relay_usage"):
+                totals[name][0] += Decimal(pico or 0) / Decimal(10**12)
                 totals[name][1] += 1
         return {name: (cost, count) for name, (cost, count) in totals.items()}
 

@@ -58,10 +58,14 @@ GROUPINGS = {
     "day": "day",
 }
 
-# One cost unit is a billionth of a US dollar: integers add up exactly in
-# both databases (SQLite has no decimal type), and today's smallest price,
-# a few cents per million tokens, is still a whole number of them per token.
-_NANO = Decimal("1e-9")
+# One cost unit is a millionth of a millionth of a US dollar: integers add up
+# exactly in both databases (SQLite has no decimal type), and every product
+# of today's prices and their multipliers (a cache read at a tenth of
+# $0.80 per million tokens, times 1.1 for US-only inference: 8.8e-8 a token)
+# is a whole number of them. A 64-bit integer holds 9.2 million dollars of
+# them: SQLite's SUM over more than that in one query fails (PostgreSQL's
+# SUM of a BIGINT is exact at any size).
+_PICO = Decimal("1e-12")
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
 # Seconds to connect to PostgreSQL, and to wait for SQLite's write lock.
 _CONNECT_TIMEOUT = 5
@@ -87,7 +91,7 @@ _COLUMNS = (
     ("stream", "SMALLINT NOT NULL"),
     ("partial", "SMALLINT NOT NULL"),
     *((kind, "BIGINT NOT NULL") for kind in TOKEN_KINDS),
-    ("cost_nano_usd", "BIGINT"),
+    ("cost_pico_usd", "BIGINT"),
     ("usage_json", "TEXT NOT NULL"),
 )
 _SCHEMA = (
@@ -201,14 +205,14 @@ def _day(at: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(at))
 
 
-def _nanos(cost: Decimal | None) -> int | None:
+def _picos(cost: Decimal | None) -> int | None:
     if cost is None:
         return None
-    return int((cost / _NANO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+    return int((cost / _PICO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
 
 
-def _dollars(nanos) -> Decimal:
-    return (Decimal(int(nanos or 0)) * _NANO).normalize() if nanos else Decimal(0)
+def _dollars(picos) -> Decimal:
+    return (Decimal(int(picos or 0)) * _PICO).normalize() if picos else Decimal(0)
 
 
 def _row(record: UsageRecord) -> tuple:
@@ -228,7 +232,7 @@ def _row(record: UsageRecord) -> tuple:
         int(bool(record.stream)),
         int(bool(record.partial)),
         *(int(record.tokens.get(kind, 0)) for kind in TOKEN_KINDS),
-        _nanos(record.cost),
+        _picos(record.cost),
         record.usage or "",
     )
 
@@ -333,8 +337,8 @@ class LedgerDatabase:
         where, parameters = _conditions(since, until, key_name, key_group)
         sums = ", ".join("SUM(%s)" % (kind,) for kind in TOKEN_KINDS)
         query = (
-            "SELECT %s COUNT(*), %s, SUM(cost_nano_usd), "
-            "SUM(CASE WHEN cost_nano_usd IS NULL THEN 1 ELSE 0 END), SUM(partial), MIN(at), MAX(at) "
+            "SELECT %s COUNT(*), %s, SUM(cost_pico_usd), "
+            "SUM(CASE WHEN cost_pico_usd IS NULL THEN 1 ELSE 0 END), SUM(partial), MIN(at), MAX(at) "
             "FROM relay_usage%s%s"
         ) % (
             "".join(column + ", " for column in columns),
@@ -377,7 +381,7 @@ class LedgerDatabase:
 
         def select(connection):
             cursor = connection.cursor()
-            cursor.execute(self._sql("SELECT SUM(cost_nano_usd) FROM relay_usage" + where), parameters)
+            cursor.execute(self._sql("SELECT SUM(cost_pico_usd) FROM relay_usage" + where), parameters)
             return cursor.fetchone()[0]
 
         return _dollars(self._run(select))
