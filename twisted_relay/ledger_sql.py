@@ -41,6 +41,7 @@ __all__ = [
     "describe_database",
     "is_postgres",
     "open_ledger",
+    "rows_of",
 ]
 
 #: Version of the tables' layout, kept in the database; bumped on any change.
@@ -215,6 +216,11 @@ def _dollars(picos) -> Decimal:
     return (Decimal(int(picos or 0)) * _PICO).normalize() if picos else Decimal(0)
 
 
+def rows_of(records: Sequence[UsageRecord]) -> list[tuple]:
+    """``records`` as the table's rows (:meth:`LedgerDatabase.write_rows`)."""
+    return [_row(record) for record in records]
+
+
 def _row(record: UsageRecord) -> tuple:
     """A record as the table's columns, in order."""
     return (
@@ -290,7 +296,10 @@ class LedgerDatabase:
 
         :return: the rows added.
         """
-        rows = [_row(record) for record in records]
+        return self.write_rows(rows_of(records))
+
+    def write_rows(self, rows: list[tuple]) -> int:
+        """:meth:`write` of rows already made (:func:`rows_of`): the writer thread runs no Python of its own."""
 
         def insert(connection):
             cursor = connection.cursor()
