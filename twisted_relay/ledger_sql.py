@@ -102,10 +102,21 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS relay_usage_key_at ON relay_usage (key_name, at)",
     "CREATE INDEX IF NOT EXISTS relay_usage_group_at ON relay_usage (key_group, at)",
 )
-_INSERT = "INSERT INTO relay_usage (%s) VALUES (%s) ON CONFLICT (request_id) DO NOTHING" % (
-    ", ".join(name for name, _ in _COLUMNS),
-    ", ".join("?" for _ in _COLUMNS),
-)
+_ROW_PLACES = "(%s)" % (", ".join("?" for _ in _COLUMNS),)
+# Rows one INSERT statement carries: a batch goes in a few statements, not a
+# statement a row, so that the writer thread and the reactor pass the
+# interpreter lock to each other a few times a batch, not twice a row
+# (measured: S3 requests/s 18 % lower with a statement a row). 8,800
+# parameters, under SQLite's limit of 32,766 since 3.32 and PostgreSQL's 65,535.
+_ROWS_A_STATEMENT = 400
+
+
+def _insert(rows: int) -> str:
+    """The INSERT of ``rows`` rows (a request already in the ledger left as it is)."""
+    return "INSERT INTO relay_usage (%s) VALUES %s ON CONFLICT (request_id) DO NOTHING" % (
+        ", ".join(name for name, _ in _COLUMNS),
+        ", ".join([_ROW_PLACES] * rows),
+    )
 
 
 class LedgerError(Exception):
@@ -303,9 +314,12 @@ class LedgerDatabase:
 
         def insert(connection):
             cursor = connection.cursor()
-            cursor.executemany(self._sql(_INSERT), rows)
-            # (Both drivers sum the rows each statement added.)
-            return max(cursor.rowcount, 0)
+            added = 0
+            for start in range(0, len(rows), _ROWS_A_STATEMENT):
+                chunk = rows[start : start + _ROWS_A_STATEMENT]
+                cursor.execute(self._sql(_insert(len(chunk))), [value for row in chunk for value in row])
+                added += max(cursor.rowcount, 0)
+            return added
 
         return self._run(insert)
 
