@@ -467,10 +467,12 @@ def _translation_costs(settings: Settings) -> dict:
     """
     sys.path.insert(0, _targets.REPO_ROOT)
     from bench_translation import history  # the translation bench's session shape
+    from twisted.internet.task import Clock
+
     from twisted_relay.gctuning import GarbageCollectorTuning
     from twisted_relay.translation import translate_request
 
-    tuning = GarbageCollectorTuning()
+    tuning = GarbageCollectorTuning(Clock())
     tuning.startService()
     try:
         return _translation_runs(settings, history, translate_request)

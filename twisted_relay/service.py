@@ -351,7 +351,7 @@ class Relay:
         _UpstreamPoolService(self).setServiceParent(self.service)
         _ThreadStoreService(self.app.threads.store).setServiceParent(self.service)
         if config.gc_tuning:
-            GarbageCollectorTuning().setServiceParent(self.service)
+            GarbageCollectorTuning(reactor).setServiceParent(self.service)
         if self.dumps is not None:
             self.dumps.setServiceParent(self.service)
         if config.simulate:
