@@ -39,7 +39,7 @@ LAYERS = (
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream")),
     ("streaming", ("sse_events", "sse")),
     ("records", ("dumps", "metrics")),
-    ("the request path", ("drain", "answer", "attempts", "relayed_request", "app", "site")),
+    ("the request path", ("drain", "pacing", "answer", "attempts", "relayed_request", "app", "site")),
     ("tools", ("replay", "demo", "simulated")),
     ("the process", ("gctuning", "service", "workers", "worker_process", "tap")),
 )

@@ -42,6 +42,7 @@ from twisted_relay.drain import InFlight
 from twisted_relay.errors import RelayError
 from twisted_relay.message_threads.turns import ThreadKeeper, keeper_for
 from twisted_relay.metrics import RelayMetrics
+from twisted_relay.pacing import StartPacer
 from twisted_relay.relayed_request import (
     COUNT_TOKENS,
     MESSAGES,
@@ -75,6 +76,8 @@ class RelayApp:
         (:class:`~twisted_relay.usage.UsageRecord`), or ``None``.
     :ivar requests: the requests in flight, and their draining
         (:class:`~twisted_relay.drain.InFlight`).
+    :ivar starts: when each relayed request may start
+        (:class:`~twisted_relay.pacing.StartPacer`).
     """
 
     app = Klein()
@@ -95,6 +98,8 @@ class RelayApp:
         ledger=None,
     ):
         self.requests = InFlight(reactor)
+        # Request starts spread over reactor turns (docs/architecture.md, "Request starts, paced").
+        self.starts = StartPacer(reactor)
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Message threads held by the relay (docs/threads.md).
         self.threads = threads if threads is not None else keeper_for(config, reactor)
@@ -113,6 +118,7 @@ class RelayApp:
             retry=RetryRule.from_config(config),
             in_flight=self.requests,
             ledger=ledger,
+            starts=self.starts,
         )
         # Read when scraped: no work per request.
         self.metrics.watch_active_requests(lambda: self.requests.count)

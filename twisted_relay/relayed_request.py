@@ -86,6 +86,8 @@ class RequestContext:
     :ivar in_flight: the requests in flight (``begin``/``end``, ``count``).
     :ivar ledger: where each answer's usage goes (an object with
         ``record(UsageRecord)`` that never blocks nor raises), or ``None``.
+    :ivar starts: when a request may start (its ``turn()``,
+        :class:`~twisted_relay.pacing.StartPacer`), or ``None``: at once.
     """
 
     config: RelayConfig
@@ -101,6 +103,7 @@ class RequestContext:
     retry: RetryRule
     in_flight: InFlight
     ledger: Any = None
+    starts: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +180,10 @@ class RelayedRequest:
         if context.config.total_timeout:
             self._deadline_call = context.reactor.callLater(context.config.total_timeout, self._too_long)
         try:
+            if context.starts is not None:
+                # In flight already (the drain waits for it), it waits for its
+                # turn when many requests start at once.
+                await context.starts.turn()
             return await self._relay()
         except CancelledError:
             self.status = _CLIENT_GONE
