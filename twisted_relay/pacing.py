@@ -18,8 +18,8 @@ streams the relay's p99 added latency per event was six times aiohttp's
 wait, in order, for the next turns (at least one starts in each), and the
 reactor reads the sockets of running streams in between. A request that
 has waited longer than ``patience`` (0.1 s, far less than a model takes to
-answer) lets turns run longer, by a tenth of its extra wait: an overload
-that lasts then costs both sides a little (events wait a tenth of what
+answer) lets turns run longer, by a quarter of its extra wait: an overload
+that lasts then costs both sides (events wait about a quarter of what
 starts wait), instead of the reactor reading one event per read and
 spending its time in system calls. A request that waits is in flight
 already (the drain waits for it), and its client's leaving cancels it
@@ -54,7 +54,7 @@ class StartPacer:
     :param clock: the time now, in seconds (the reactor's by default).
     """
 
-    def __init__(self, reactor, budget: float = 0.0005, patience: float = 0.1, ratio: float = 0.1, clock=None):
+    def __init__(self, reactor, budget: float = 0.0005, patience: float = 0.1, ratio: float = 0.25, clock=None):
         #: Whose ``callLater(0, ...)`` ends a turn.
         self.reactor = reactor
         self.budget = budget
