@@ -49,10 +49,13 @@ setup(
     extras_require={
         # --thread-store redis://...: a Twisted-native Redis client.
         "redis": ["txredisapi>=1.6"],
+        # --usage-db postgresql://...: the usage ledger in PostgreSQL (psycopg 3).
+        "postgres": ["psycopg[binary]>=3.2"],
         "test": [
             "hypothesis>=6.90",
             "anthropic>=2.16",  # its message threads (tests of twisted_relay.message_threads.model)
             "txredisapi>=1.6",
+            "psycopg[binary]>=3.2",
         ],
     },
     entry_points={
@@ -60,6 +63,7 @@ setup(
             "twisted-relay-simulated = twisted_relay.simulated.cli:main",
             "twisted-relay-demo = twisted_relay.demo:main",
             "twisted-relay-replay = twisted_relay.replay:main",
+            "twisted-relay-usage = twisted_relay.ledger_report:main",
         ],
     },
     classifiers=[

@@ -6,7 +6,8 @@ in front of it, each in its own process, sends ``--concurrent`` requests at
 once whose bodies are ``--size`` bytes of many tiny messages (the worst case
 for a parsed body: one small dict per few dozen bytes), waits for every
 answer, and prints the relay's resident memory before and its peak
-(``VmHWM`` of ``/proc/PID/status``) after, with the statuses received::
+(``VmHWM`` of ``/proc/PID/status``, summed over the relay and its body
+workers) after, with the statuses received::
 
     python bench/body_memory.py --concurrent 1
     python bench/body_memory.py --concurrent 10
@@ -31,6 +32,9 @@ import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH_DIR)
+sys.path.insert(0, BENCH_DIR)
+
+from targets import tree_pids  # noqa: E402
 
 
 def free_port() -> int:
@@ -61,13 +65,17 @@ def tiny_messages_body(size: int) -> bytes:
 
 
 def memory_kib(pid: int) -> dict:
-    """``VmRSS`` and ``VmHWM`` of a process, in KiB."""
-    found = {}
-    with open("/proc/%d/status" % (pid,)) as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            if name in ("VmRSS", "VmHWM"):
-                found[name] = int(value.split()[0])
+    """``VmRSS`` and ``VmHWM`` of a process and its children (the relay's body workers), in KiB, summed."""
+    found = {"VmRSS": 0, "VmHWM": 0}
+    for each in tree_pids(pid):
+        try:
+            with open("/proc/%d/status" % (each,)) as f:
+                for line in f:
+                    name, _, value = line.partition(":")
+                    if name in found:
+                        found[name] += int(value.split()[0])
+        except OSError:
+            continue
     return found
 
 

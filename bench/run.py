@@ -14,6 +14,10 @@ Scenarios (see ``docs/benchmarks.md``):
 - S4: memory per idle open stream.
 - S5: inbound translation cost against history size, in process; and large
   request bodies (to 32 MiB) end to end.
+- flood: 100 paced streams (20 events, 50 ms apart) while ten 32 MB bodies of
+  tiny messages arrive at once (issue 22): the streams' worst gap between two
+  events and worst wait for a first event, the bodies' answers, the target's
+  peak memory (``bench/flood.py``); on fresh processes, after the rest.
 
 The headline, printed first: CPU per paced event (S1), CPU-seconds per MB
 (S2), latency added per event at 200 and 1,000 paced streams (S1).
@@ -34,6 +38,8 @@ Usage, from the work tree's root::
     python bench/run.py --relay-tree before=/path/to/tree   # the relay before a change, judged against
     python bench/run.py --targets direct,nginx,plain,aiohttp,relay,relay2,litellm  # relay2: --workers 2
     python bench/run.py --targets relay,relay-routed --scenarios S1,S2  # a config of two upstreams beside one
+    python bench/run.py --targets relay,relay-ledger --scenarios S2,S3  # the usage ledger on, beside off
+    python bench/run.py --targets direct,relay --relay-tree before=/path/to/tree --scenarios flood
 
 It is not a test and is not run by CI.
 """
@@ -86,6 +92,11 @@ class Settings:
     s5_turns: tuple[int, ...] = (100, 1000, 2000, 5000, 10000)
     s5_sizes: tuple[int, ...] = (1 * MiB, 8 * MiB, 32 * MiB)
     s5_repeats: int = 3
+    flood_streams: int = 100
+    flood_pace_ms: int = 50
+    flood_events: int = 20
+    flood_bodies: int = 10
+    flood_body_bytes: int = 32_000_000
     timeout: float = 120.0
 
 
@@ -98,6 +109,9 @@ QUICK = Settings(
     s5_turns=(100, 1000, 10000),
     s5_sizes=(1 * MiB, 8 * MiB),
     s5_repeats=1,
+    flood_streams=20,
+    flood_bodies=3,
+    flood_body_bytes=8_000_000,
     timeout=60.0,
 )
 
@@ -117,7 +131,8 @@ class _Meter:
         self._pids = target.pids()
         _targets.reset_peak(self._pids)
         target.gc_reset()
-        self._target_cpu = _targets.cpu_seconds(self._pids)
+        # Per process: one started meanwhile (a body worker) counts whole.
+        self._target_cpu = {pid: _targets.cpu_seconds([pid]) for pid in self._pids}
         self._upstream_cpu = _targets.cpu_seconds(upstream.pids())
         self._busy = _machine_busy_seconds()
         self._children = _children_cpu_seconds()
@@ -127,7 +142,7 @@ class _Meter:
         """CPU seconds of each since the start, the window's length, the target's peak memory."""
         window = time.monotonic() - self._began
         load = _children_cpu_seconds() - self._children
-        target = _targets.cpu_seconds(self._pids) - self._target_cpu
+        target = sum(_targets.cpu_seconds([pid]) - self._target_cpu.get(pid, 0.0) for pid in self._target.pids())
         upstream = _targets.cpu_seconds(self._upstream.pids()) - self._upstream_cpu
         collector = self._target.gc_read()
         return {
@@ -284,6 +299,30 @@ class Runner:
         summary.update(used)
         return summary
 
+    def flood(self, target: _targets.Target, settings: Settings) -> dict:
+        """``bench/flood.py`` against ``target``; its figures, with the target's CPU and peak memory."""
+        argv = [
+            sys.executable, os.path.join(BENCH_DIR, "flood.py"),
+            "--port", str(target.port),
+            "--path", target.path,
+            "--streams", str(settings.flood_streams),
+            "--pace-ms", str(settings.flood_pace_ms),
+            "--events", str(settings.flood_events),
+            "--bodies", str(settings.flood_bodies),
+            "--body-bytes", str(settings.flood_body_bytes),
+            "--timeout", str(settings.timeout * 5),
+        ]
+        meter = _Meter(target, self.upstream)
+        done = subprocess.run(argv, capture_output=True, timeout=settings.timeout * 10,
+                              preexec_fn=_targets._preexec(self.load_cpus))
+        used = meter.read()
+        lines = done.stdout.decode().strip().splitlines()
+        if done.returncode != 0 or not lines:
+            raise RuntimeError("the flood failed: %s" % (done.stderr.decode()[-2000:],))
+        summary = json.loads(lines[-1])
+        summary.update(used)
+        return summary
+
     def hold(self, target: _targets.Target, streams: int, timeout: float) -> dict:
         """Open ``streams`` idle streams; return the target's RSS before and with them open."""
         argv = [
@@ -427,6 +466,69 @@ def scenario_s4(runner: Runner, targets: list, settings: Settings) -> dict:
         runner.hold(target, min(50, settings.s4_streams), settings.timeout)
         results[target.name] = runner.hold(target, settings.s4_streams, settings.timeout)
     return results
+
+
+def scenario_flood(runner: Runner, targets: list, settings: Settings) -> dict:
+    """Paced streams while large bodies of tiny messages arrive: does one body stop the others?"""
+    results = {}
+    for target in targets:
+        _log("flood %s: %d paced streams, %d bodies of %d bytes" % (
+            target.name, settings.flood_streams, settings.flood_bodies, settings.flood_body_bytes))
+        results[target.name] = runner.flood(target, settings)
+    return results
+
+
+def flood_rows(results: dict, names: list[str]) -> list[list[str]]:
+    """The flood's figures per target."""
+    flood = results.get("flood")
+    if not flood:
+        return []
+    rows = [["flood"] + [n for n in names if n in flood]]
+
+    def add(label, value):
+        rows.append([label] + [value(flood[n]) for n in names if n in flood])
+
+    add("paced streams: worst gap between two events, ms (pace %d)" % (next(iter(flood.values()))["paced"]["pace_ms"],),
+        lambda r: _fmt(r["paced"]["worst_gap_ms"], "%.0f"))
+    add("paced streams: p99 of each stream's worst gap, ms", lambda r: _fmt(r["paced"]["p99_gap_ms"], "%.0f"))
+    add("paced streams: worst wait for a first event, ms", lambda r: _fmt(r["paced"]["worst_first_event_ms"], "%.0f"))
+    add("paced streams: median wait for a first event, ms",
+        lambda r: _fmt(r["paced"]["median_first_event_ms"], "%.1f"))
+    add("paced streams: run / failed", lambda r: "%d / %d" % (r["paced"]["streams"], r["paced"]["errors"]))
+    add("large bodies: answers", lambda r: ", ".join(
+        "%s x%d" % (status, n) for status, n in sorted(r["bodies"]["statuses"].items())))
+    add("large bodies: seconds to the last answer", lambda r: _fmt(max(r["bodies"]["seconds"], default=None), "%.1f"))
+    add("target's peak memory, MiB (its processes)", lambda r: _fmt(r["target_peak_kib"] / 1024, "%.0f"))
+    add("others on the machine, CPU-s / s", lambda r: _fmt(r["other_cpu_s"] / (r["window_s"] or 1e-9)))
+    return rows
+
+
+#: The peak memory of the relay's processes in the full flood (ten 32 MB
+#: bodies of tiny messages, the default budget), documented in
+#: docs/benchmarks.md: about 1.5 GB on a 24 GiB machine.
+FLOOD_PEAK_MIB = 1536
+#: How much longer than its pace a paced stream's gap between two events may grow.
+FLOOD_GAP_ALLOWED_MS = 250
+
+
+def flood_verdicts(results: dict, relay: str = "relay") -> list[list[str]]:
+    """Issue 22's "done when" for the flood."""
+    r = (results.get("flood") or {}).get(relay)
+    if r is None:
+        return []
+    rows = []
+    paced = r["paced"]
+    allowed = paced["pace_ms"] + FLOOD_GAP_ALLOWED_MS
+    rows.append(["flood: worst gap between events of a paced stream", "%.0f ms" % (paced["worst_gap_ms"] or 0),
+                 "<= %d ms" % (allowed,), "met" if (paced["worst_gap_ms"] or 0) <= allowed else "NOT met"])
+    statuses = r["bodies"]["statuses"]
+    rows.append(["flood: every large body answered 200 or 529", ", ".join(sorted(statuses)), "200, 529",
+                 "met" if set(statuses) <= {"200", "529"} else "NOT met"])
+    peak = r["target_peak_kib"] / 1024
+    full = r["bodies"]["count"] >= 10 and r["bodies"]["bytes"] >= 32_000_000
+    rows.append(["flood: peak memory of the relay's processes", "%.0f MiB" % (peak,), "<= %d MiB" % (FLOOD_PEAK_MIB,),
+                 ("met" if peak <= FLOOD_PEAK_MIB else "NOT met") if full else "-"])
+    return rows
 
 
 def _large_body(size: int, path: str) -> None:
@@ -909,6 +1011,8 @@ def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: d
             made.append(_targets.RoutedRelay(workdir, upstream, cpus))
         elif name == "relay2":
             made.append(_targets.Relay(workdir, upstream, cpus, name="relay2", workers=2))
+        elif name == "relay-ledger":
+            made.append(_targets.LedgerRelay(workdir, upstream, cpus))
         elif name == "aiohttp":
             if os.path.exists(_AIOHTTP_PYTHON):
                 made.append(_targets.AiohttpProxy(workdir, upstream, cpus, python=_AIOHTTP_PYTHON))
@@ -976,6 +1080,12 @@ def run_all(settings: Settings, names: list[str], scenarios: list[str], workdir:
             results["S1"] = scenario_s1(runner, live, settings)
         if "S5" in scenarios:
             results["S5"] = scenario_s5(runner, live, settings, workdir)
+        if "flood" in scenarios:
+            # Fresh processes: the peak memory is the flood's own.
+            for target in live:
+                target.stop()
+                target.start()
+            results["flood"] = scenario_flood(runner, live, settings)
     finally:
         results["seconds"] = time.monotonic() - began
         for process in reversed(started):
@@ -1030,16 +1140,22 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(format_rows(rows))
     print()
-    print(format_rows(table(results, shown)))
+    rows = table(results, shown)
+    if len(rows) > 1:
+        print(format_rows(rows))
     rows = translation_rows(results)
     if rows:
         print()
         print("S5 inbound translation (translate_request, policy unique, best of runs):")
         print(format_rows(rows))
+    rows = flood_rows(results, shown)
+    if rows:
+        print()
+        print(format_rows(rows))
     for relay in [n for n in shown if n in ("relay", "relay2") or (n in trees and n != "before")]:
         print()
         print("targets for %s:" % (relay,))
-        print(format_rows(verdicts(results, relay)))
+        print(format_rows(verdicts(results, relay) + flood_verdicts(results, relay)))
     print()
     print(format_rows(_helpers_rows(results, shown)))
     if args.json:
@@ -1066,6 +1182,10 @@ def _helpers_rows(results: dict, names: list[str]) -> list[list[str]]:
     for key in ("S2", "S3"):
         for name in names:
             add("%s %s" % (key, name), (results.get(key) or {}).get(name))
+    for name in names:
+        r = (results.get("flood") or {}).get(name)
+        if r:
+            add("flood %s" % (name,), dict(r, cpu_s=r["load_cpu_s"]))
     return rows
 
 

@@ -371,11 +371,6 @@ class Relay(Target):
         pythonpath = self.tree + os.pathsep + os.environ.get("PYTHONPATH", "")
         self._spawn(argv, env={"PYTHONPATH": pythonpath}, cwd=self.tree)
 
-    def pids(self) -> list[int]:
-        if self.workers > 1:
-            return super().pids()
-        return [self.pid] if self.pid else []
-
 
 _ROUTED_CONFIG = """\
 # Two upstreams, two routes; every request the bench sends goes to the first.
@@ -410,6 +405,22 @@ class RoutedRelay(Relay):
         with open(path, "w") as f:
             f.write(_ROUTED_CONFIG % {"port": self.upstream.port})
         self._spawn_relay("--config", path)
+
+
+class LedgerRelay(Relay):
+    """
+    The relay with the usage ledger on (``--usage-db``, an SQLite file in
+    the work folder): beside ``relay``, what keeping the ledger costs.
+    """
+
+    name = "relay-ledger"
+    description = "twistd -n relay --usage-db usage.sqlite --no-dumps --ping-interval 0"
+
+    def _launch(self) -> None:
+        self._spawn_relay(
+            "--upstream", "http://127.0.0.1:%d" % (self.upstream.port,),
+            "--usage-db", os.path.join(self.workdir, self.name + "-usage.sqlite"),
+        )
 
 
 class PlainProxy(Target):

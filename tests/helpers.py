@@ -178,7 +178,8 @@ class InMemoryRelay:
     """
 
     def __init__(
-        self, upstream_resource, config: RelayConfig | None = None, *, dumps=None, clock=None, more_upstreams=None
+        self, upstream_resource, config: RelayConfig | None = None, *, dumps=None, clock=None, more_upstreams=None,
+        ledger=None,
     ):
         self.clock = clock if clock is not None else MemoryReactorClock()
         self.config = config or RelayConfig(listen=(), upstreams=one_upstream(UPSTREAM_URL), dump_dir=None)
@@ -191,7 +192,7 @@ class InMemoryRelay:
         self.clients = UpstreamClients(self.clock, self.config, endpoint_factory=self.network)
         # The first upstream's client.
         self.client = self.clients[self.config.upstreams[0].name]
-        self.app = RelayApp(self.config, self.clients, reactor=self.clock, dumps=dumps)
+        self.app = RelayApp(self.config, self.clients, reactor=self.clock, dumps=dumps, ledger=ledger)
         # The site production builds (RelaySite.for_config), on the test's clock.
         self.site = RelaySite.for_config(self.app.resource(), self.config, reactor=self.clock)
         self.network.listen(b"relay.test", 80, self.site)
@@ -254,7 +255,24 @@ class ServedRelay:
         return "http://127.0.0.1:%d" % (self.port,)
 
 
-def serve_relay(testcase, config: RelayConfig, reactor=None) -> ServedRelay:
+class RecordingLedger:
+    """
+    A ledger that keeps in a list every usage record the relay hands it
+    (``record(UsageRecord)``, as the relay's ledgers take them), for tests
+    to read.
+
+    :ivar records: the :class:`~twisted_relay.usage.UsageRecord` handed over, in order.
+    """
+
+    def __init__(self):
+        self.records: list = []
+
+    def record(self, row) -> None:
+        """Keep ``row``."""
+        self.records.append(row)
+
+
+def serve_relay(testcase, config: RelayConfig, reactor=None, *, ledger=None) -> ServedRelay:
     """
     Serve the relay of ``config`` on 127.0.0.1 the way ``twistd relay`` does:
     the public :class:`~twisted_relay.service.Relay` built from ``config``
@@ -262,12 +280,15 @@ def serve_relay(testcase, config: RelayConfig, reactor=None) -> ServedRelay:
     ``RelaySite`` and the same services as production), its service started
     (privileged start, then start), and stopped, with its drain, at the
     test's cleanup unless the test stopped it already.
+
+    :param ledger: where the relay hands each usage record (e.g. a
+        :class:`RecordingLedger`).
     """
     if reactor is None:
         from twisted.internet import reactor
     for attempt in range(5):
         port = free_port()
-        relay = Relay(config.with_changes(listen=("tcp:%d:interface=127.0.0.1" % (port,),)), reactor)
+        relay = Relay(config.with_changes(listen=("tcp:%d:interface=127.0.0.1" % (port,),)), reactor, ledger=ledger)
         try:
             relay.service.privilegedStartService()
             relay.service.startService()

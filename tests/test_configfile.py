@@ -290,7 +290,7 @@ class FileSettingsTests(FileTestCase):
         shown = repr(settings) + repr(config) + repr(config.upstreams) + str(config)
         for key in ALL_KEYS:
             self.assertNotIn(key, shown)
-        self.assertIn(RELAY_KEY, config.relay_keys)
+        self.assertIn(RELAY_KEY, [relay_key.key for relay_key in config.relay_keys])
         self.assertEqual(set(config.secrets()), {ENV_KEY, FILE_KEY, LITERAL_KEY, RELAY_KEY})
 
 

@@ -32,15 +32,16 @@ LAYERS = (
     ("Twisted's internals", ("_twisted",)),
     (
         "pure values and rules",
-        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage"),
+        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage", "prices", "metering", "relay_keys"),
     ),
     ("message threads", ("message_threads",)),
+    ("whole-body work", ("body_work", "body_worker", "body_pool")),
     ("settings", ("configfile", "settings")),
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream")),
     ("streaming", ("sse_events", "sse")),
-    ("records", ("dumps", "metrics")),
+    ("records", ("dumps", "metrics", "ledger_sql", "ledger")),
     ("the request path", ("drain", "pacing", "answer", "attempts", "relayed_request", "app", "site")),
-    ("tools", ("replay", "demo", "simulated")),
+    ("tools", ("replay", "demo", "simulated", "ledger_report")),
     ("the process", ("gctuning", "service", "workers", "worker_process", "tap")),
 )
 

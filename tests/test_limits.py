@@ -1,8 +1,8 @@
 """
 Limits on what clients send: a body over ``max_body`` is refused with a 413
-(declared or chunked), and the bytes of request bodies in flight are bounded
-(``max_bodies_in_flight``), a waiting request holding no parsed copy. Real
-sockets on 127.0.0.1.
+(declared or chunked), and what request bodies in flight cost once parsed
+is bounded (``max_bodies_in_flight``), a waiting request holding no parsed
+copy. Real sockets on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from twisted.trial.unittest import TestCase
 from tests.faulty_upstream import Hang, parse_response
 from tests.helpers import encode, messages_body, serve_relay_over_simulated
 from tests.test_faults import FaultTestCase, wait_for
+from twisted_relay.body_work import BodyShape
 
 
 class BodySizeTests(TestCase):
@@ -81,39 +82,72 @@ def tiny_messages(count: int) -> list[dict]:
 
 
 class BodyMemoryTests(FaultTestCase):
-    """The bytes of request bodies in flight are bounded, and a waiting request holds no parsed copy."""
+    """What request bodies in flight cost is bounded, and a waiting request holds no parsed copy."""
 
     async def test_budget_refuses_then_frees(self):
         """
-        With room for two bodies, a third large request gets a 529
-        ``overloaded_error`` and never reaches the upstream; the room comes
-        back when a request ends, including one whose client hangs up half-way
-        through its body.
+        The budget counts what a body costs once parsed (fifteen times its
+        bytes for tiny messages) while it is read and worked on, then only
+        the bytes a waiting request keeps. With room for one body being
+        worked on beside two and a half waiting ones, a fourth large request
+        gets a 529 ``overloaded_error`` although its bytes would fit, and
+        never reaches the upstream; the room comes back when a request ends,
+        including one whose client hangs up half-way through its body.
         """
         body = encode(messages_body(tiny_messages(3001), stream=True, tools=False))
-        self.start_relay(max_bodies_in_flight=int(len(body) * 2.5))
-        self.upstream.script(Hang(headers=True), Hang(headers=True))
-        first, second = self.raw(self.raw_post(body)), self.raw(self.raw_post(body))
-        await wait_for(lambda: first.received and second.received)
-        self.assertEqual(self.site.body_budget.held, 2 * len(body))
+        cost = BodyShape.of(body).cost()
+        self.assertGreater(cost, 14 * len(body))
+        self.start_relay(max_bodies_in_flight=cost + 5 * len(body) // 2)
+        self.upstream.script(Hang(headers=True), Hang(headers=True), Hang(headers=True))
+        waiting = []
+        for n in range(1, 4):
+            waiting.append(self.raw(self.raw_post(body)))
+            await wait_for(lambda: self.upstream.request_count == n)
+            # Sent upstream: the request now keeps its bytes only.
+            await wait_for(lambda: self.site.body_budget.held == n * len(body))
         body_error = await self.error_of(await self.post(body), 529, "overloaded_error")
         self.assertIn("memory", body_error["error"]["message"])
-        self.assertEqual(self.upstream.request_count, 2)
+        self.assertEqual(self.upstream.request_count, 3)
         # A small request still fits.
         response = await self.post()
         self.assertEqual(response.code, 200)
         await treq.content(response)
-        first.abort()
-        await wait_for(lambda: self.site.body_budget.held == len(body))
+        waiting[0].abort()
+        await wait_for(lambda: self.site.body_budget.held == 2 * len(body))
         # A client that leaves in the middle of its body gives its room back.
         half = self.raw(self.raw_post(body), send_only=len(body) // 2)
-        await wait_for(lambda: self.site.body_budget.held == 2 * len(body))
+        await wait_for(lambda: self.site.body_budget.held > 3 * len(body))
         half.abort()
-        await wait_for(lambda: self.site.body_budget.held == len(body))
+        await wait_for(lambda: self.site.body_budget.held == 2 * len(body))
         response = await self.post(body)
         self.assertEqual(response.code, 200)
         await treq.content(response)
-        second.abort()
+        for client in waiting[1:]:
+            client.abort()
+        await wait_for(lambda: self.site.body_budget.held == 0)
+        await self.assert_clean()
+
+    async def test_costly_body_let_in_beside_small_ones(self):
+        """
+        While the bodies held cost less than an eighth of the budget (small
+        streaming requests in flight), one body costing more than the whole
+        budget is still let in: only a relay already busy with large bodies
+        turns it away.
+        """
+        small = encode(messages_body(stream=True, tools=False))
+        body = encode(messages_body(tiny_messages(3001), stream=False, tools=False))
+        # Its bytes alone fill the budget (before, it was refused for them).
+        self.start_relay(max_bodies_in_flight=len(body))
+        self.assertGreater(BodyShape.of(body).cost(), 10 * len(body))
+        self.upstream.script(Hang(headers=True), Hang(headers=True))
+        streams = [self.raw(self.raw_post(small)) for _ in range(2)]
+        await wait_for(lambda: self.upstream.request_count == 2)
+        self.assertGreater(self.site.body_budget.held, 0)
+        response = await self.post(body)
+        self.assertEqual(response.code, 200)
+        await treq.content(response)
+        for client in streams:
+            client.abort()
         await wait_for(lambda: self.site.body_budget.held == 0)
         await self.assert_clean()
 

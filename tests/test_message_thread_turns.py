@@ -10,7 +10,7 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from twisted_relay.message_threads.model import ThreadError
+from twisted_relay.message_threads.model import ThreadError, upstream_thread_request
 from twisted_relay.message_threads.store import MemoryThreadStore
 from twisted_relay.message_threads.turns import ThreadKeeper, owner_of
 from twisted_relay.simulated.model import encode_events, message_events, seeded_rng
@@ -159,11 +159,10 @@ class WhatIsSentTests(SynchronousTestCase):
         return now(keeper.open(cont("msg_1", RESULT)))
 
     def test_plain(self):
-        """Without threads upstream: the bytes given, and no threads beta (other betas kept)."""
+        """Without threads upstream: no threads beta (other betas kept)."""
         from twisted.web.http_headers import Headers
 
         turn = self.turn(False)
-        self.assertEqual(turn.upstream_bytes(turn.request, b"plain"), b"plain")
         headers = turn.upstream_headers(Headers({b"anthropic-beta": [b"message-threads-2026-08-12,other-beta"]}))
         self.assertEqual(headers.getRawHeaders(b"anthropic-beta"), [b"other-beta"])
         alone = turn.upstream_headers(Headers({b"anthropic-beta": [b"message-threads-2026-08-12"]}))
@@ -182,7 +181,7 @@ class WhatIsSentTests(SynchronousTestCase):
         turn = self.turn(True)
         self.assertEqual(len(turn.request["messages"]), 3)
         translated = dict(turn.request, messages=turn.request["messages"][:2] + [{"role": "user", "content": "T"}])
-        sent = json.loads(turn.upstream_bytes(translated, b"unused"))
+        sent = json.loads(json.dumps(upstream_thread_request(translated, turn.previous_message_id, turn.new_messages)))
         self.assertEqual(sent["thread"], {"type": "continue", "previous_message_id": "msg_1"})
         self.assertEqual(sent["messages"], [{"role": "user", "content": "T"}])
         self.assertNotIn("tools", sent)

@@ -21,7 +21,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 
 from twisted_relay import dumps
 from twisted_relay.dumps import DumpRequest, build_dump, render_dump, write_once
-from twisted_relay.config import RelayConfig, one_upstream
+from twisted_relay.config import RelayConfig, RelayKey, one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 
 from tests.helpers import encode, messages_body, serve_relay
@@ -140,6 +140,22 @@ class RelayDumpTests(TestCase):
         self.assertEqual([e["kind"] for e in entries], ["declaration", "reference"] * 2)
         self.assertEqual(entries[2]["occurrence"], 2)
         self.assertIn("ids must be unique", json.dumps(dump["response"]))
+
+    async def test_dump_names_the_relay_key(self):
+        """
+        Behind named relay keys, the dump says whose key made the request,
+        by its name and group (``relay_key``), and holds no key.
+        """
+        relay_key = RelayKey("sk-relay-dana-0123456789", "dana", "research")
+        base = self.start(SimulatedUpstream(mode="strict", seed=1).resource(), ids="original",
+                          relay_keys=(relay_key,))
+        code, _ = await self.post(base, messages_body(HISTORY), **{"x-api-key": [relay_key.key]})
+        self.assertEqual(code, 400)
+        await self.writer.drain()
+        (path,) = every_file(self.dump_dir)
+        raw = open(path, "rb").read()
+        self.assertNotIn(relay_key.key.encode(), raw)
+        self.assertEqual(json.loads(raw)["relay_key"], {"name": "dana", "group": "research"})
 
     async def test_streamed_client_error_dumped(self):
         """

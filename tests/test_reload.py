@@ -94,6 +94,21 @@ class ReloadTests(TestCase):
         self.assertEqual(self.relay.router.state("local"), "open")
         self.assertTrue(any("Configuration reloaded" in line for line in self.logged()))
 
+    def test_prices_reloaded(self):
+        """A ``[prices]`` table read again applies to new answers, with no restart."""
+        self.assertIsNone(self.relay.config.prices.price_of("our-model"))
+        self.write("small-model", CONFIG + """
+[prices.models."our-model"]
+input = "1"
+output = "2"
+cache-write-5m = "1.25"
+cache-write-1h = "2"
+cache-read = "0.10"
+""")
+        result = self.relay.reload()
+        self.assertEqual((result.error, result.needs_restart), (None, ()))
+        self.assertEqual(self.relay.config.prices.price_of("our-model").rates["output_tokens"], 2)
+
     def test_command_line_still_wins(self):
         """The options the relay was started with still win over the file read again."""
         self.assertEqual(self.relay.config.key_rest, 300.0)

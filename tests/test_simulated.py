@@ -170,7 +170,8 @@ def assemble(test: SynchronousTestCase, events: list[tuple[str, dict]]) -> dict:
         elif name == "message_delta":
             test.assertIsNone(open_index)
             message["stop_reason"] = data["delta"]["stop_reason"]
-            message["usage"]["output_tokens"] = data["usage"]["output_tokens"]
+            # Cumulative counts: laid over those of message_start.
+            message["usage"].update(data["usage"])
     return message
 
 

@@ -318,13 +318,25 @@ class UpstreamEndpointTests(SynchronousTestCase):
         self.assertIsNot(self.endpoint(b"http://127.0.0.1:8082/v1/messages"), first)
 
     def test_kinds(self):
+        """
+        An IP address needs no resolver; the connect timeout is the relay's
+        own (:class:`~twisted_relay.upstream_agent.TimedEndpoint`), around
+        each kind.
+        """
         from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
 
-        self.assertIsInstance(self.endpoint(b"http://127.0.0.1:1/"), TCP4ClientEndpoint)
-        self.assertIsInstance(self.endpoint(b"http://[::1]:1/"), TCP6ClientEndpoint)
-        self.assertIsInstance(self.endpoint(b"http://localhost:1/"), HostnameEndpoint)
+        from twisted_relay.upstream_agent import TimedEndpoint
+
+        def inner(url):
+            endpoint = self.endpoint(url)
+            self.assertIsInstance(endpoint, TimedEndpoint)
+            return endpoint.endpoint
+
+        self.assertIsInstance(inner(b"http://127.0.0.1:1/"), TCP4ClientEndpoint)
+        self.assertIsInstance(inner(b"http://[::1]:1/"), TCP6ClientEndpoint)
+        self.assertIsInstance(inner(b"http://localhost:1/"), HostnameEndpoint)
         tls = self.endpoint(b"https://api.anthropic.com/v1/messages")
-        self.assertNotIsInstance(tls, (HostnameEndpoint, TCP4ClientEndpoint))
+        self.assertNotIsInstance(tls, (HostnameEndpoint, TCP4ClientEndpoint, TimedEndpoint))
         self.assertIs(self.endpoint(b"https://api.anthropic.com/v1/models"), tls)
 
     def test_unsupported_scheme(self):

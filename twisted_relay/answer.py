@@ -6,8 +6,10 @@ What the client gets back.
 through the SSE gate (:class:`~twisted_relay.sse.SSEGate`), or a whole
 body, its ids translated back; upstream errors and headers with every key
 removed; a dump of a refused request (:mod:`twisted_relay.dumps`); a log
-line and a count for each id rewritten or repaired. The answers the relay
-makes itself (its own errors, its request ids) are written here too.
+line and a count for each id rewritten or repaired; the usage record of a
+Messages answer (:mod:`twisted_relay.metering`), handed to the ledger and
+counted. The answers the relay makes itself (its own errors, its request
+ids) are written here too.
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ import os
 from dataclasses import dataclass
 
 import ujson
+from twisted.internet.defer import CancelledError
 from twisted.web.http_headers import Headers
 
 from twisted_relay._json import to_json
 from twisted_relay.dumps import DumpRequest
 from twisted_relay.errors import RelayError
 from twisted_relay.logs import bounded
+from twisted_relay.metering import AnswerMeter
 from twisted_relay.redact import redact_text
 from twisted_relay.sse import SSEGate
 from twisted_relay.upstream import read_body
 from twisted_relay.upstream_headers import client_response_headers, connection_tokens
 
 __all__ = [
+    "CLIENT_GONE_STATUS",
     "RELAY_REQUEST_ID_HEADER",
     "RELAY_UPSTREAM_HEADER",
     "SHOULD_RETRY_HEADER",
@@ -51,6 +56,10 @@ RELAY_REQUEST_ID_HEADER = b"x-relay-request-id"
 RELAY_UPSTREAM_HEADER = b"x-relay-upstream"
 #: The header that tells a client whether to retry an error (the SDKs obey it).
 SHOULD_RETRY_HEADER = b"x-should-retry"
+
+#: What the log, the metrics and usage records call the status of a request
+#: whose client went away.
+CLIENT_GONE_STATUS = 499
 
 #: The content type of the JSON answers the relay makes itself.
 JSON_CONTENT_TYPE = b"application/json"
@@ -146,10 +155,20 @@ def _set_headers(request, headers: Headers, secrets: tuple[str, ...] = ()) -> No
 # -- notes: logs and counts of what the translation did -------------------------
 
 
-def note_repairs(context, request_id: str, translation) -> None:
-    """Log and count each duplicate id of the client's request that the translation repaired."""
-    for entry in translation.repairs:
-        context.metrics.repairs.inc()
+def note_repairs(context, request_id: str, repairs: list, count: int) -> None:
+    """
+    Count the ``count`` duplicate ids of the client's request that the
+    translation repaired, and log each of ``repairs`` (the first of them: a
+    hostile body may hold hundreds of thousands).
+    """
+    if count:
+        context.metrics.repairs.inc(count)
+    if count > len(repairs):
+        context.log.info(
+            "Repaired {count} duplicate ids ({relay_request_id}); the first {shown} follow",
+            relay_request_id=request_id, count=count, shown=len(repairs),
+        )
+    for entry in repairs:
         context.log.info(
             "Repaired duplicate id {client_id} as {upstream_id} at messages.{message_index}"
             ".content.{block_index} ({relay_request_id})",
@@ -185,12 +204,16 @@ def note_rewrite(context, request_id: str, rewrite) -> None:
     )
 
 
-def _translate_answer(context, answer: bytes, translation, request_id: str) -> bytes:
-    """A whole 2xx Messages answer with the upstream's ids turned back into the client's."""
+def _parsed(answer: bytes):
+    """A whole answer's JSON, or ``None`` when it is not JSON."""
     try:
-        message = ujson.loads(answer)
+        return ujson.loads(answer)
     except (ValueError, OverflowError):
-        return answer
+        return None
+
+
+def _translate_answer(context, answer: bytes, message, translation, request_id: str) -> bytes:
+    """A whole 2xx Messages answer (``message``, its parsed JSON) with the upstream's ids turned back into the client's."""
     if not isinstance(message, dict) or not isinstance(message.get("content"), list):
         return answer
     responder = translation.response()
@@ -222,6 +245,7 @@ class Exchange:
     attempt: object
     attempts: list
     attribution: dict | None = None
+    relay_key: object = None
 
     def dump(self, response, answer: bytes | None, stream_error: dict | None = None) -> DumpRequest:
         """The dump of this exchange refused with ``response`` (its body ``answer``)."""
@@ -246,6 +270,7 @@ class Exchange:
             upstream_model=self.attempt.model,
             attempts=tuple(self.attempts),
             attribution=self.attribution or None,
+            relay_key=None if self.relay_key is None else {"name": self.relay_key.name, "group": self.relay_key.group},
         )
 
 
@@ -272,6 +297,12 @@ class Answer:
         self._attempts = attempts
         self._response = response
         self._exchange = exchange
+        # A 2xx Messages answer is metered: one usage record when it ends.
+        self._meter = (
+            AnswerMeter(context.config.prices, relayed.requested_model)
+            if relayed.route.metered and response.code < 300
+            else None
+        )
 
     def set_headers(self) -> None:
         """Give the client the upstream's status and headers, keys removed, and the upstream's name."""
@@ -304,9 +335,13 @@ class Answer:
             answer = await self._read_whole(idle_timeout)
         except RelayError as e:
             # Headers have been set but nothing written: a plain error still fits.
+            self._meter_end(partial=True, status=e.status)
             clear_headers(request)
             relayed.error = e.message
             return error_answer(request, e, relayed.id)
+        except CancelledError:
+            self._meter_end(partial=True, status=CLIENT_GONE_STATUS)
+            raise
         finally:
             self._attempts.settle()
         if 400 <= response.code < 500 and exchange.translation is not None:
@@ -314,7 +349,11 @@ class Answer:
         if response.code >= 400:
             answer = without_keys(answer, context.secrets)
         elif response.code < 300 and relayed.route.translate_answer:
-            answer = _translate_answer(context, answer, exchange.translation, relayed.id)
+            message = _parsed(answer)
+            if self._meter is not None:
+                self._meter.whole(message)
+                self._meter_end(partial=not self._meter.final)
+            answer = _translate_answer(context, answer, message, exchange.translation, relayed.id)
         if relayed.turn is not None and response.code < 300:
             await relayed.settle_thread(relayed.turn.answered_json(answer))
         metrics = context.metrics
@@ -371,6 +410,7 @@ class Answer:
             on_rewrite=lambda rewrite: note_rewrite(context, exchange.request_id, rewrite),
             on_error_event=on_error_event,
             redact_error=lambda raw: without_keys(raw, context.secrets),
+            on_usage=None if self._meter is None else self._read_usage,
         )
         request.setHeader(b"cache-control", b"no-cache")
         request.setHeader(b"x-accel-buffering", b"no")
@@ -380,10 +420,17 @@ class Answer:
         request.registerProducer(gate, True)
         response.deliverBody(gate)
         metrics.active_streams.inc()
+        # How the stream ended, for its usage record: cut short, and the
+        # status the client got (the client leaving: CLIENT_GONE_STATUS).
+        partial, status = True, response.code
         try:
             await relayed.wait(gate.done)
+            partial = not gate.message_stop_seen or gate.error_event_seen
             if turn is not None:
                 await relayed.settle_thread(turn.stream_ended(True))
+        except CancelledError:
+            status = CLIENT_GONE_STATUS
+            raise
         except RelayError as e:
             relayed.error = e.message
             metrics.upstream_errors.labels(e.kind or "stream").inc()
@@ -400,8 +447,61 @@ class Answer:
         else:
             self._attempts.settle(failed_inside[0])
         finally:
+            self._meter_end(partial=partial, status=status)
             metrics.active_streams.dec()
-            request.unregisterProducer()
+            # A request whose connection is gone has no channel left to
+            # unregister from (it let go of its producer then).
+            if request.channel is not None:
+                request.unregisterProducer()
+
+    # -- metering ---------------------------------------------------------------
+
+    def _read_usage(self, name: bytes, payload: dict) -> None:
+        """The gate's reader of ``message_start`` and ``message_delta``: never raises into the gate."""
+        meter = self._meter
+        if meter is None:
+            return
+        try:
+            if name == b"message_delta":
+                meter.message_delta(payload)
+            else:
+                meter.message_start(payload)
+        except Exception:
+            self._meter = None
+            self._context.log.failure("Metering {relay_request_id} failed", relay_request_id=self._relayed.id)
+
+    def _meter_end(self, partial: bool, status: int | None = None) -> None:
+        """
+        The answer has ended: make its one usage record, count it and hand
+        it to the ledger (nothing when it is not metered, or already was).
+        """
+        meter, self._meter = self._meter, None
+        if meter is None:
+            return
+        context, relayed = self._context, self._relayed
+        try:
+            record = meter.record(
+                at=self._exchange.received_at,
+                request_id=relayed.id,
+                relay_key=relayed.relay_key,
+                attribution=relayed.attribution,
+                upstream=self._exchange.attempt.upstream.name,
+                status=self._response.code if status is None else status,
+                stream=relayed.stream,
+                partial=partial,
+            )
+            if context.metrics.count_usage(record):
+                context.log.warn(
+                    "Model {model} has no price in the price table (or not for this answer's speed, "
+                    "geography or tier): its answers are metered in tokens only",
+                    model=bounded(record.model),
+                )
+            if context.ledger is not None:
+                # It never blocks nor raises, by its contract; a bug there
+                # must not end the answer either.
+                context.ledger.record(record)
+        except Exception:
+            context.log.failure("Metering {relay_request_id} failed", relay_request_id=relayed.id)
 
     def _dump(self, answer: bytes | None, stream_error: dict | None = None) -> None:
         dumps = self._context.dumps

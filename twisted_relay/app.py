@@ -37,6 +37,7 @@ from twisted_relay.answer import (
     error_answer,
     stamp_request_id,
 )
+from twisted_relay.body_pool import BodyPool
 from twisted_relay.config import RelayConfig
 from twisted_relay.drain import InFlight
 from twisted_relay.errors import RelayError
@@ -74,10 +75,13 @@ class RelayApp:
         one made from ``config`` when ``None``.
     :param ledger: where each answer's usage is recorded
         (:class:`~twisted_relay.usage.UsageRecord`), or ``None``.
+    :param bodies: where the work on large request bodies runs; a pool of
+        one worker process (started when first needed) when ``None``.
     :ivar requests: the requests in flight, and their draining
         (:class:`~twisted_relay.drain.InFlight`).
     :ivar starts: when each relayed request may start
         (:class:`~twisted_relay.pacing.StartPacer`).
+    :ivar bodies: that pool (a service: stopping it stops the workers).
     """
 
     app = Klein()
@@ -96,10 +100,12 @@ class RelayApp:
         threads: ThreadKeeper | None = None,
         router: Router | None = None,
         ledger=None,
+        bodies: BodyPool | None = None,
     ):
         self.requests = InFlight(reactor)
         # Request starts spread over reactor turns (docs/architecture.md, "Request starts, paced").
         self.starts = StartPacer(reactor)
+        self.bodies = bodies if bodies is not None else BodyPool(reactor)
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Message threads held by the relay (docs/threads.md).
         self.threads = threads if threads is not None else keeper_for(config, reactor)
@@ -112,14 +118,16 @@ class RelayApp:
             dumps=dumps,
             threads=self.threads,
             secrets=config.secrets(),
-            relay_keys=tuple(key.encode("utf-8") for key in config.relay_keys),
+            relay_keys=tuple((relay_key.key.encode("utf-8"), relay_key) for relay_key in config.relay_keys),
             router=router if router is not None else Router(config, reactor),
             clients=clients,
             retry=RetryRule.from_config(config),
             in_flight=self.requests,
             ledger=ledger,
             starts=self.starts,
+            bodies=self.bodies,
         )
+        self.metrics.know_models(config.prices.models)
         # Read when scraped: no work per request.
         self.metrics.watch_active_requests(lambda: self.requests.count)
         self.metrics.watch_router(lambda: self._context.router)
@@ -140,6 +148,7 @@ class RelayApp:
         new configuration are redacted too (those of the old one still are).
         """
         context = self._context
+        self.metrics.know_models(router.config.prices.models)
         self._context = replace(
             context,
             config=router.config,

@@ -18,20 +18,17 @@ from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
-
-import ujson
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 
-from twisted_relay._json import to_json
 from twisted_relay.answer import Exchange, note_repairs
-from twisted_relay.bodies import BINDING_BETA, bound_elsewhere, droppable, dropping_blocks, with_beta
+from twisted_relay.bodies import BINDING_BETA, bound_elsewhere, with_beta
+from twisted_relay.body_work import ThreadForm
 from twisted_relay.errors import RelayError
 from twisted_relay.routing import CLIENT_GONE, Verdict, judge
-from twisted_relay.translation import translate_request
 from twisted_relay.upstream import read_body
 from twisted_relay.upstream_headers import upstream_request_headers
 
@@ -40,12 +37,18 @@ __all__ = ["Attempts", "Sent", "retry_after"]
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """What one attempt sends upstream."""
+    """
+    What one attempt sends upstream.
+
+    :ivar droppable: the body may be sent again with ``drop_block``
+        (:func:`~twisted_relay.bodies.droppable`).
+    """
 
     path: str
     headers: Headers
     body: bytes | None
     translation: object
+    droppable: bool = False
 
 
 class Attempts:
@@ -60,18 +63,17 @@ class Attempts:
         deadline (``wait``), Twisted request, model id and message thread.
     :param plan: the request's plan (:class:`~twisted_relay.routing.Plan`).
     :param path: the path and query to send upstream.
-    :param raw: the client's body, or ``None`` for a request without one.
-    :param body: ``raw`` parsed, handed over: the first attempt drops it
-        once serialised.
+    :param body: the client's body
+        (:class:`~twisted_relay.body_pool.RequestBody`), or ``None`` for a
+        request without one.
     :ivar attempt: the attempt made last.
     """
 
-    def __init__(self, context, relayed, plan, path: str, raw: bytes | None, body: dict | None):
+    def __init__(self, context, relayed, plan, path: str, body):
         self._context = context
         self._relayed = relayed
         self.plan = plan
         self._path = path
-        self._raw = raw
         self._body = body
         self.attempt = None
         # The answering attempt's 2xx is yet to be reported to the plan.
@@ -91,7 +93,7 @@ class Attempts:
         attempt = plan.first()
         while True:
             self.attempt = attempt
-            sent = self._prepare(attempt)
+            sent = await self._prepare(attempt)
             name = attempt.upstream.name
             metrics.labelled(metrics.upstream_requests, name).inc()
             try:
@@ -152,9 +154,9 @@ class Attempts:
                 moved[0], self.attempt.label, "another account" if moved[1] else "same account"))
         return labels
 
-    def _prepare(self, attempt) -> Sent:
+    async def _prepare(self, attempt) -> Sent:
         """The path, headers and body to send for one attempt: its model, its key, its upstream's id rules."""
-        context, relayed, raw = self._context, self._relayed, self._raw
+        context, relayed, body = self._context, self._relayed, self._body
         path = self._path
         headers = upstream_request_headers(
             relayed.request.requestHeaders,
@@ -162,40 +164,31 @@ class Attempts:
             strip_credentials=bool(context.relay_keys),
             forward_attribution=context.config.forward_attribution,
         )
-        if raw is None:
+        if body is None:
             model_id = relayed.model_id
             if model_id is not None and attempt.model is not None and attempt.model != model_id:
                 path = _renamed_model_path(path, attempt.model)
             return Sent(path, headers, None, None)
-        # The parsed body for the first attempt; made again from the bytes
-        # should another upstream be tried.
-        body, self._body = self._body, None
-        if body is None:
-            body = ujson.loads(raw)
-        renamed = attempt.model is not None and body.get("model") != attempt.model
-        if renamed:
-            body = dict(body)
-            body["model"] = attempt.model
-        translation = translate_request(body, context.router.rules(attempt.upstream))
-        if not self.plan.tried:
-            note_repairs(context, relayed.id, translation)
-        upstream_body = to_json(translation.upstream_body) if translation.changed or renamed else raw
-        turn = relayed.turn
+        turn, thread = relayed.turn, None
         if turn is not None:
-            upstream_body = turn.upstream_bytes(translation.upstream_body, upstream_body)
+            if context.threads.upstream_knows:
+                thread = ThreadForm(turn.previous_message_id, turn.new_messages)
             headers = turn.upstream_headers(headers)
-        # The parsed body (often ten times the size of its bytes) is not
-        # needed once serialised: a request that waits on the upstream holds
-        # its bytes only.
-        translation.forget_body()
-        sent = Sent(path, headers, upstream_body, translation)
         conversation = self.plan.conversation
         # Remembered per upstream: another one may not know the setting.
         remembered = conversation is not None and "%s %s" % (attempt.upstream.name, conversation) in context.router.dropping
-        if remembered and self._may_drop_blocks(sent):
-            # Its history still holds what broke a block's prefix: the
-            # setting goes with every later request, as the API asks.
-            return _dropping_blocks(sent)
+        first = not self.plan.tried
+        # Worked on here for a small body, in a worker process for a large one.
+        prepared = await relayed.wait(
+            body.prepare(attempt.model, context.router.rules(attempt.upstream), thread, remembered, first)
+        )
+        if first:
+            note_repairs(context, relayed.id, prepared.repairs, prepared.repair_count)
+        if prepared.dropping:
+            headers = headers.copy()
+            headers.setRawHeaders(b"anthropic-beta", [with_beta(headers.getRawHeaders(b"anthropic-beta"))])
+        sent = Sent(path, headers, prepared.body, prepared.translation, prepared.droppable)
+        relayed.prepared(body.raw, sent)
         return sent
 
     async def _send(self, client, sent: Sent, attempt):
@@ -241,7 +234,7 @@ class Attempts:
             )
             if judgement.verdict is Verdict.RECOVER:
                 recovered = True
-                sent = self._recover(response, answer, sent, attempt)
+                sent = await self._recover(response, answer, sent, attempt)
                 continue
             if judgement.verdict is Verdict.RETRY:
                 retried += 1
@@ -252,14 +245,9 @@ class Attempts:
 
     def _may_drop_blocks(self, sent: Sent) -> bool:
         """Recovery is on and the body sent may take ``drop_block`` (:func:`~twisted_relay.bodies.droppable`)."""
-        if self._context.config.thinking_binding_recovery != "drop_block" or sent.body is None:
-            return False
-        try:
-            return droppable(ujson.loads(sent.body))
-        except (ValueError, OverflowError):
-            return False
+        return self._context.config.thinking_binding_recovery == "drop_block" and sent.droppable
 
-    def _recover(self, response, answer: bytes, sent: Sent, attempt) -> Sent:
+    async def _recover(self, response, answer: bytes, sent: Sent, attempt) -> Sent:
         """
         Dump, log and count the "bound to a different conversation" 400,
         and give what is sent again: the body with its invalid thinking
@@ -286,18 +274,22 @@ class Attempts:
                 received_at=relayed.received_at,
                 url=context.clients[name].display_url + sent.path,
                 client_headers=relayed.request.requestHeaders,
-                client_body=self._raw,
+                client_body=self._body.raw,
                 upstream_headers=sent.headers,
                 upstream_body=sent.body,
                 translation=sent.translation,
                 attempt=attempt,
                 attempts=self.labels() + ["%s (400, bound to a different conversation)" % (attempt.label,)],
                 attribution=relayed.attribution or None,
+                relay_key=relayed.relay_key,
             )
             context.dumps.submit(replace(exchange.dump(response, answer), note=note))
         if self.plan.conversation is not None:
             context.router.dropping.add("%s %s" % (name, self.plan.conversation))
-        return _dropping_blocks(sent)
+        headers = sent.headers.copy()
+        headers.setRawHeaders(b"anthropic-beta", [with_beta(headers.getRawHeaders(b"anthropic-beta"))])
+        body = await relayed.wait(self._body.dropping_blocks(sent.body))
+        return Sent(sent.path, headers, body, sent.translation)
 
     async def _read(self, response, attempt) -> bytes:
         """Read a whole answer to judge it; only the deadline and the upstream's silence stop it."""
@@ -359,13 +351,6 @@ class Attempts:
             upstream=name,
             upstream_model=attempt.model,
         )
-
-
-def _dropping_blocks(sent: Sent) -> Sent:
-    """``sent`` with ``prefix_mismatch_behavior: "drop_block"`` and the beta it needs."""
-    headers = sent.headers.copy()
-    headers.setRawHeaders(b"anthropic-beta", [with_beta(headers.getRawHeaders(b"anthropic-beta"))])
-    return Sent(sent.path, headers, to_json(dropping_blocks(ujson.loads(sent.body))), sent.translation)
 
 
 class _ReadAnswer:

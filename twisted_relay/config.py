@@ -19,7 +19,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
+from urllib.parse import urlsplit
 
+from twisted_relay.prices import DEFAULT_PRICES, PriceTable
+from twisted_relay.relay_keys import RelayKey
 from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "DEFAULT_UPSTREAM_NAME",
     "MiB",
     "RelayConfig",
+    "RelayKey",
     "Route",
     "Target",
     "Upstream",
@@ -36,6 +40,7 @@ __all__ = [
     "id_pattern_setting",
     "one_upstream",
     "rules_for",
+    "usage_db_setting",
 ]
 
 MiB = 1024 * 1024
@@ -229,8 +234,9 @@ class RelayConfig:
     :ivar request_read_timeout: seconds a client may take to send a whole
         request (headers and body); slower ones are cut (slowloris).
     :ivar relay_keys: keys clients must present (``x-api-key`` or
-        ``Authorization: Bearer``); empty lets every client in. A relay key
-        is never forwarded upstream.
+        ``Authorization: Bearer``), each with the name of its user
+        (:class:`RelayKey`; a plain string is a key named by its digest);
+        empty lets every client in. A relay key is never forwarded upstream.
     :ivar max_concurrent: requests relayed upstream at once; past it the
         relay answers ``529 overloaded_error`` at once. 0 for no limit.
     :ivar retries: times a request is sent again after a failure before any
@@ -288,6 +294,17 @@ class RelayConfig:
         sends the request once more to the same key with
         ``thinking.block_binding.prefix_mismatch_behavior: "drop_block"``
         (and its beta); ``off`` passes the 400 on.
+    :ivar prices: what answers cost (:class:`~twisted_relay.prices.PriceTable`):
+        the table the relay ships, with a ``--config`` file's ``[prices]``.
+    :ivar usage_db: the usage ledger's database (``docs/usage.md``): an
+        SQLite file's path or a ``postgresql://`` URL; ``None``: no ledger.
+        Shown by ``repr`` without its password.
+    :ivar usage_flush_interval: seconds between two writes of the ledger's
+        queued rows (what a process killed outright may lose).
+    :ivar usage_retention_days: ledger rows older than this are deleted;
+        0 keeps them all.
+    :ivar usage_max_queue: ledger rows a process holds in memory at most
+        while its database does not answer; more are dropped and counted.
     :ivar config_file: the ``--config`` file these settings came from, read
         again by :meth:`twisted_relay.service.Relay.reload`; ``None`` when
         there is none.
@@ -307,7 +324,7 @@ class RelayConfig:
     dump_retention_bytes: int = 1024 * MiB
     total_timeout: float = 0.0
     request_read_timeout: float = 120.0
-    relay_keys: tuple[str, ...] = ()
+    relay_keys: tuple[RelayKey, ...] = ()
     max_concurrent: int = 4096
     retries: int = 0
     retry_statuses: tuple[int, ...] = (429, 500, 502, 503, 504, 529)
@@ -331,9 +348,15 @@ class RelayConfig:
     thread_ttl: float = 300.0
     thread_max_count: int = 10_000
     thread_max_bytes: int = 512 * MiB
+    prices: PriceTable = field(default=DEFAULT_PRICES, repr=False)
+    usage_db: str | None = None
+    usage_flush_interval: float = 1.0
+    usage_retention_days: float = 400.0
+    usage_max_queue: int = 50_000
     config_file: str | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "relay_keys", tuple(_relay_key(key) for key in self.relay_keys))
         object.__setattr__(self, "upstreams", tuple(self.upstreams))
         if not self.upstreams:
             raise ValueError("a relay needs at least one upstream")
@@ -347,6 +370,8 @@ class RelayConfig:
             value = getattr(self, f.name)
             if f.name == "relay_keys":
                 value = "<%d keys>" % (len(value),)
+            elif f.name == "usage_db" and value is not None:
+                value = _without_password(value)
             shown.append("%s=%r" % (f.name, value))
         return "RelayConfig(%s)" % (", ".join(shown),)
 
@@ -380,11 +405,16 @@ class RelayConfig:
     def secrets(self) -> tuple[str, ...]:
         """Every key this configuration holds, for redaction."""
         pools = tuple(key for upstream in self.upstreams for key in upstream.keys)
-        return tuple(dict.fromkeys(s for s in pools + tuple(self.relay_keys) if s))
+        relay_keys = tuple(relay_key.key for relay_key in self.relay_keys)
+        return tuple(dict.fromkeys(s for s in pools + relay_keys if s))
 
     def to_dict(self) -> dict:
         """Every setting as plain JSON-able values (keys included: keep it private)."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        values["relay_keys"] = [
+            {"key": k.key, "name": k.name, "group": k.group} for k in self.relay_keys
+        ]
+        values["prices"] = self.prices.to_dict()
         values["upstreams"] = [{f.name: getattr(u, f.name) for f in fields(u)} for u in self.upstreams]
         values["routes"] = [
             {
@@ -402,6 +432,8 @@ class RelayConfig:
     def from_dict(cls, values: dict) -> "RelayConfig":
         """The configuration :meth:`to_dict` described."""
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        if "prices" in values:
+            values["prices"] = PriceTable.from_dict(values["prices"])
         upstreams = tuple(
             Upstream(**{k: tuple(v) if isinstance(v, list) else v for k, v in u.items()})
             for u in values.pop("upstreams", ())
@@ -419,6 +451,15 @@ class RelayConfig:
         return cls(upstreams=upstreams, routes=routes, **values)
 
 
+def _relay_key(value) -> RelayKey:
+    """A :class:`RelayKey` from itself, a plain key (named by its digest) or the dict :meth:`RelayConfig.to_dict` writes."""
+    if isinstance(value, RelayKey):
+        return value
+    if isinstance(value, dict):
+        return RelayKey(value["key"], value["name"], value.get("group"))
+    return RelayKey.unnamed(value)
+
+
 def id_pattern_setting(value: str) -> str | None:
     """
     An ``id-pattern`` setting as :class:`Upstream` holds it: ``none`` (no
@@ -427,6 +468,31 @@ def id_pattern_setting(value: str) -> str | None:
     since both refuse its encoded ids.
     """
     return None if value == "none" else value
+
+
+def usage_db_setting(value: str | None) -> str | None:
+    """
+    ``--usage-db`` as :class:`RelayConfig` holds it: a ``postgresql://`` (or
+    ``postgres://``) URL as it is; an SQLite file (``PATH`` or
+    ``sqlite:PATH``) made absolute; ``None`` for none.
+
+    :raises ValueError: for another ``scheme://``, in words that never
+        repeat the value (a URL may hold a password).
+    """
+    if value is None or not value.strip():
+        return None
+    scheme, separator, _ = value.partition("://")
+    if separator and scheme.lower() in ("postgresql", "postgres"):
+        try:
+            urlsplit(value).port  # noqa: B018 (a bad port raises here)
+        except ValueError:
+            raise ValueError("is not a valid postgresql:// URL (its port?)")
+        return value
+    path = value.removeprefix("sqlite:")
+    path = path[2:] if path.startswith("//") else path
+    if "://" in path or not path:
+        raise ValueError("must be an SQLite file's path or a postgresql:// URL")
+    return os.path.abspath(path)
 
 
 def rules_for(upstream: Upstream, config: RelayConfig) -> UpstreamRules:
@@ -448,6 +514,17 @@ def rules_for(upstream: Upstream, config: RelayConfig) -> UpstreamRules:
 @lru_cache(maxsize=256)
 def _rules(name: str, policy: str, id_pattern: str | None, own_ids: str | None, mark_thinking: bool) -> UpstreamRules:
     return UpstreamRules(name, policy, id_pattern, own_ids, mark_thinking)
+
+
+def _without_password(url: str) -> str:
+    """A database URL with its password (and query, which may hold one) replaced."""
+    parts = urlsplit(url)
+    if "://" not in url or (parts.password is None and not parts.query):
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = netloc[0].partition(":")[0]
+    return parts._replace(netloc="%s:***@%s" % (user, netloc[2]) if parts.password is not None else parts.netloc,
+                          query="***" if parts.query else "").geturl()
 
 
 def _first(value, default):

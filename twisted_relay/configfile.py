@@ -1,7 +1,8 @@
 # -*- test-case-name: tests.test_configfile -*-
 """
 The ``--config`` file: TOML with a ``[relay]`` table of command-line options,
-``[upstreams.NAME]`` tables and ``[[routes]]`` (see ``docs/routing.md``).
+``[upstreams.NAME]`` tables and ``[[routes]]`` (see ``docs/routing.md``),
+``[relay-keys]`` (named relay keys) and ``[prices]`` (see ``docs/usage.md``).
 
 :func:`load` reads and checks a file and gives its settings as plain values
 (:class:`FileSettings`); every mistake is a :class:`ConfigFileError` whose
@@ -35,6 +36,8 @@ from twisted_relay.config import (
     parse_size,
 )
 from twisted_relay.message_threads.model import THREAD_MODES
+from twisted_relay.prices import DEFAULT_PRICES, PriceTable, price_table_from
+from twisted_relay.relay_keys import RelayKey, key_name_problem, unique_relay_keys
 from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
 __all__ = [
@@ -71,7 +74,8 @@ _UPSTREAM_KEYS = (
 )
 _ROUTE_KEYS = ("models", "targets", "thinking", "images", "body-over")
 _TARGET_KEYS = ("upstream", "model")
-_TABLES = ("relay", "upstreams", "routes")
+_TABLES = ("relay", "upstreams", "routes", "relay-keys", "prices")
+_KNOWN_TABLES = "[relay], [upstreams.NAME], [[routes]], [relay-keys], [prices]"
 
 
 class ConfigFileError(Exception):
@@ -94,12 +98,17 @@ class FileSettings:
     :ivar upstreams: the ``[upstreams.NAME]`` tables in file order; empty
         when the file has none.
     :ivar routes: the ``[[routes]]`` in file order; empty when none.
+    :ivar relay_keys: the ``[relay-keys]``, each with its name (and group).
+    :ivar prices: the shipped price table with the file's ``[prices]``, or
+        ``None`` when the file has none.
     """
 
     path: str
     relay: dict = field(default_factory=dict, repr=False)
     upstreams: tuple[Upstream, ...] = ()
     routes: tuple[Route, ...] = ()
+    relay_keys: tuple[RelayKey, ...] = ()
+    prices: PriceTable | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         shown = ", ".join("%s=%r" % (f.name, getattr(self, f.name)) for f in fields(self) if f.repr)
@@ -160,12 +169,11 @@ def load(path: str, options: OptionKinds, environ: Mapping[str, str] | None = No
         if name not in _TABLES:
             if isinstance(value, (dict, list)):
                 raise ConfigFileError(
-                    "%s: unknown table [%s] (known: [relay], [upstreams.NAME], [[routes]])"
-                    % (path, _shown_name(name))
+                    "%s: unknown table [%s] (known: %s)" % (path, _shown_name(name), _KNOWN_TABLES)
                 )
             raise ConfigFileError(
-                "%s: unknown key %s outside any table (known tables: [relay], [upstreams.NAME], [[routes]])"
-                % (path, _shown_name(name))
+                "%s: unknown key %s outside any table (known tables: %s)"
+                % (path, _shown_name(name), _KNOWN_TABLES)
             )
 
     relay = _relay_table(path, data.get("relay", {}), options, environ, folder)
@@ -178,7 +186,51 @@ def load(path: str, options: OptionKinds, environ: Mapping[str, str] | None = No
                 )
     defined = tuple(u.name for u in upstreams) or (DEFAULT_UPSTREAM_NAME,)
     routes = _routes(path, data.get("routes", []), defined)
-    return FileSettings(path=path, relay=relay, upstreams=upstreams, routes=routes)
+    relay_keys = _relay_keys(path, data.get("relay-keys", {}), environ, folder)
+    prices = _prices(path, data["prices"]) if "prices" in data else None
+    return FileSettings(
+        path=path, relay=relay, upstreams=upstreams, routes=routes, relay_keys=relay_keys, prices=prices
+    )
+
+
+def _relay_keys(path, table, environ, folder) -> tuple[RelayKey, ...]:
+    """
+    ``[relay-keys]``: ``NAME = SOURCE`` or ``NAME = { key = SOURCE, group =
+    "GROUP" }``, a source being ``"env:VAR"``, ``"file:PATH"`` or the key.
+    """
+    if not isinstance(table, dict):
+        raise ConfigFileError("%s: relay-keys must be a table, [relay-keys]" % (path,))
+    where = _Table(path, "[relay-keys]")
+    keys = []
+    for name, item in table.items():
+        label = _shown_name(name)
+        problem = key_name_problem(name)
+        if problem is not None:
+            raise where.error(label, "a name " + problem)
+        group = None
+        if isinstance(item, dict):
+            unknown = sorted(set(item) - {"key", "group"})
+            if unknown:
+                raise where.error(label, "takes key and group only, not %s" % (", ".join(unknown),))
+            group = item.get("group")
+            if group is not None and key_name_problem(group) is not None:
+                raise where.error(label, "group " + key_name_problem(group))
+            item = item.get("key")
+        if not isinstance(item, str) or not item:
+            raise where.error(label, 'must be "env:VAR", "file:PATH" or the key, or { key = ..., group = ... }')
+        keys.append(RelayKey(_key(where, label, item, environ, folder), name, group))
+    try:
+        return unique_relay_keys(keys)
+    except ValueError as e:
+        raise where.error(None, str(e))
+
+
+def _prices(path, table) -> PriceTable:
+    """``[prices]``: models added to (or replacing those of) the shipped table."""
+    try:
+        return price_table_from(table, base=DEFAULT_PRICES)
+    except ValueError as e:
+        raise ConfigFileError("%s: [prices] %s" % (path, _one_line(e)))
 
 
 def _relay_table(path, table, options: OptionKinds, environ, folder) -> dict:

@@ -112,6 +112,8 @@ class DumpRequest:
     upstream_model: str | None = None
     attempts: tuple = ()
     attribution: dict | None = None
+    #: The relay key the client presented, by name (``{"name", "group"}``), never the key.
+    relay_key: dict | None = None
     #: What the relay did about this answer, when it did something (e.g.
     #: sent the request again with invalid thinking blocks dropped).
     note: str | None = None
@@ -171,6 +173,7 @@ def build_dump(request: DumpRequest, settings: dict) -> dict:
         "upstream_request_id": request.upstream_request_id,
         "session_id": request.session_id,
         "attribution": request.attribution,
+        "relay_key": request.relay_key,
         "status": request.status,
         "error": _error_summary(response_body, request.stream_error),
         "upstream_url": redact_url(request.upstream_url),

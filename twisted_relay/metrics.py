@@ -14,6 +14,13 @@ process answers ``/metrics`` with the totals of all of them. The gauges of
 requests and streams in flight are summed over the live processes
 (``livesum``); a worker that ends is marked dead as the library documents
 (its gauges go, its counters and histograms stay in the totals).
+
+Usage (``relay_usage_*``): the tokens, server tool requests and cost of every
+metered answer, by relay key name (``-`` when the relay takes every client),
+its group and model. Label sets are bounded: key names and groups come from
+the configuration; a model gets a label of its own when the price table
+knows it, or when it is one of the first :data:`MAX_UNPRICED_MODELS` other
+models this process has seen; the rest are counted as ``other``.
 """
 
 from __future__ import annotations
@@ -28,12 +35,37 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from twisted.application.internet import TimerService
 from twisted.application.service import Service
 
-__all__ = ["MULTIPROCESS_VARIABLE", "RelayMetrics", "SharedMetricsFolder", "forget_process"]
+__all__ = [
+    "MAX_UNPRICED_MODELS",
+    "MULTIPROCESS_VARIABLE",
+    "NO_KEY_LABEL",
+    "OTHER_MODEL_LABEL",
+    "RelayMetrics",
+    "SharedMetricsFolder",
+    "forget_process",
+]
 
 #: The variable ``prometheus_client`` reads its multiprocess folder from.
 MULTIPROCESS_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 # Seconds between two copies of a process's own figures to the shared files.
 _SYNC_INTERVAL = 1.0
+
+#: Models outside the price table that get a ``model`` label of their own
+#: (per process); later ones are counted as :data:`OTHER_MODEL_LABEL`.
+MAX_UNPRICED_MODELS = 20
+#: The ``model`` label of models beyond :data:`MAX_UNPRICED_MODELS`.
+OTHER_MODEL_LABEL = "other"
+#: The ``key`` label of answers to a relay that takes every client.
+NO_KEY_LABEL = "-"
+# The token kinds of the usage metrics' ``kind`` label, by record kind.
+_TOKEN_LABELS = (
+    ("input_tokens", "input"),
+    ("output_tokens", "output"),
+    ("cache_creation_5m_tokens", "cache_write_5m"),
+    ("cache_creation_1h_tokens", "cache_write_1h"),
+    ("cache_read_tokens", "cache_read"),
+)
+_TOOL_LABELS = (("web_search_requests", "web_search"), ("web_fetch_requests", "web_fetch"))
 
 
 def _multiprocess_folder() -> str | None:
@@ -283,6 +315,37 @@ class RelayMetrics:
             ["upstream"],
             registry=self.registry,
         )
+        usage_labels = ["key", "group", "model"]
+        self.usage_answers = Counter(
+            "relay_usage_answers",
+            "Messages answers metered, by relay key, group, model, whether complete (a stream the client "
+            "left or the upstream cut is partial) and whether the price table priced it.",
+            [*usage_labels, "complete", "priced"],
+            registry=self.registry,
+        )
+        self.usage_tokens = Counter(
+            "relay_usage_tokens",
+            "Tokens the upstream reported, by relay key, group, model and kind (input, output, "
+            "cache_write_5m, cache_write_1h, cache_read).",
+            [*usage_labels, "kind"],
+            registry=self.registry,
+        )
+        self.usage_tool_requests = Counter(
+            "relay_usage_server_tool_requests",
+            "Server tool requests the upstream reported, by relay key, group, model and tool.",
+            [*usage_labels, "tool"],
+            registry=self.registry,
+        )
+        self.usage_cost = Counter(
+            "relay_usage_cost_usd",
+            "What the answers cost by the price table, in US dollars, by relay key, group and model "
+            "(answers the table does not price count in tokens only).",
+            usage_labels,
+            registry=self.registry,
+        )
+        self._priced_models: frozenset = frozenset()
+        self._unpriced_models: set = set()
+        self._unpriced_said: set = set()
         self._router = None
         if self.multiprocess:
             # Copied from this process's router (sync).
@@ -309,6 +372,47 @@ class RelayMetrics:
             )
         elif dumps is not None:
             self.registry.register(_DumpCollector(dumps))
+
+    def know_models(self, models) -> None:
+        """The models of the price table: each has a ``model`` label of its own."""
+        self._priced_models = frozenset(models)
+
+    def _model_label(self, model: str) -> str:
+        if model in self._priced_models or model in self._unpriced_models:
+            return model
+        if len(self._unpriced_models) < MAX_UNPRICED_MODELS:
+            self._unpriced_models.add(model)
+            return model
+        return OTHER_MODEL_LABEL
+
+    def count_usage(self, record) -> bool:
+        """
+        Count one answer's :class:`~twisted_relay.usage.UsageRecord`; return
+        whether it is the first answer of its model this process could not
+        price (to be said once in the log).
+        """
+        key = NO_KEY_LABEL if record.key_name is None else record.key_name
+        group = record.key_group or ""
+        model = self._model_label(record.model)
+        labelled, tokens = self.labelled, record.tokens
+        labelled(self.usage_answers, key, group, model, str(not record.partial).lower(),
+                 str(record.cost is not None).lower()).inc()
+        for kind, label in _TOKEN_LABELS:
+            count = tokens.get(kind, 0)
+            if count:
+                labelled(self.usage_tokens, key, group, model, label).inc(count)
+        for kind, label in _TOOL_LABELS:
+            count = tokens.get(kind, 0)
+            if count:
+                labelled(self.usage_tool_requests, key, group, model, label).inc(count)
+        if record.cost is not None:
+            labelled(self.usage_cost, key, group, model).inc(float(record.cost))
+            return False
+        said = self._unpriced_said
+        if record.model in said or len(said) >= 10 * MAX_UNPRICED_MODELS:
+            return False
+        said.add(record.model)
+        return True
 
     def watch_thread_store(self, store):
         """Export ``store``'s hits, misses, evictions, failures and size

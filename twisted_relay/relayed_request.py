@@ -22,12 +22,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import ujson
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 
-from twisted_relay._json import to_json
 from twisted_relay.answer import (
+    CLIENT_GONE_STATUS,
     JSON_CONTENT_TYPE,
     RELAY_REQUEST_ID_HEADER,
     Answer,
@@ -38,7 +37,9 @@ from twisted_relay.answer import (
     whole,
 )
 from twisted_relay.attempts import Attempts
-from twisted_relay.config import RelayConfig
+from twisted_relay.body_pool import BodyPool, RequestBody
+from twisted_relay.body_work import kept_cost
+from twisted_relay.config import RelayConfig, RelayKey
 from twisted_relay.drain import InFlight
 from twisted_relay.errors import RelayError, capability_rejected
 from twisted_relay.logs import bounded
@@ -61,9 +62,6 @@ __all__ = [
     "upstream_path",
 ]
 
-# What the log and the metrics call a request whose client went away.
-_CLIENT_GONE = 499
-
 
 @dataclass(frozen=True, slots=True)
 class RequestContext:
@@ -79,7 +77,8 @@ class RequestContext:
         or ``None`` for no dumps.
     :ivar threads: the message threads the relay holds.
     :ivar secrets: every key to remove from what upstreams send back.
-    :ivar relay_keys: the keys a client must present, as bytes (none: open).
+    :ivar relay_keys: the keys a client must present, as bytes, each with
+        its :class:`~twisted_relay.config.RelayKey` (none: open).
     :ivar router: where requests go.
     :ivar clients: the upstream clients, by upstream name.
     :ivar retry: when an attempt is sent again to the same target.
@@ -88,6 +87,9 @@ class RequestContext:
         ``record(UsageRecord)`` that never blocks nor raises), or ``None``.
     :ivar starts: when a request may start (its ``turn()``,
         :class:`~twisted_relay.pacing.StartPacer`), or ``None``: at once.
+    :ivar bodies: where the work on large request bodies runs
+        (:class:`~twisted_relay.body_pool.BodyPool`); ``None``: every body in
+        this process.
     """
 
     config: RelayConfig
@@ -97,27 +99,33 @@ class RequestContext:
     dumps: Any
     threads: ThreadKeeper
     secrets: tuple[str, ...]
-    relay_keys: tuple[bytes, ...]
+    relay_keys: tuple[tuple[bytes, RelayKey], ...]
     router: Router
     clients: UpstreamClients
     retry: RetryRule
     in_flight: InFlight
     ledger: Any = None
     starts: Any = None
+    bodies: Any = None
 
 
 @dataclass(frozen=True, slots=True)
 class RouteKind:
-    """What a relayed route does: its name in logs and metrics, whether it reads a Messages body, and how it answers."""
+    """
+    What a relayed route does: its name in logs and metrics, whether it
+    reads a Messages body, how it answers, and whether its answers are
+    metered (:mod:`twisted_relay.metering`).
+    """
 
     name: str
     has_body: bool
     stream_ok: bool
     translate_answer: bool
     threads: bool = False
+    metered: bool = False
 
 
-MESSAGES = RouteKind("messages", has_body=True, stream_ok=True, translate_answer=True, threads=True)
+MESSAGES = RouteKind("messages", has_body=True, stream_ok=True, translate_answer=True, threads=True, metered=True)
 COUNT_TOKENS = RouteKind("count_tokens", has_body=True, stream_ok=False, translate_answer=False)
 MODELS = RouteKind("models", has_body=False, stream_ok=False, translate_answer=False)
 
@@ -142,8 +150,13 @@ class RelayedRequest:
     :ivar stream: its answer is streamed (for the log line).
     :ivar error: what went wrong, for the log line.
     :ivar attribution: Claude Code's attribution headers the client sent
-        (``x-claude-code-session-id`` ...), bounded, for the log line and
-        dumps (:func:`~twisted_relay.upstream_headers.attribution_of`).
+        (``x-claude-code-session-id`` ...), bounded, for the log line,
+        dumps and its usage record
+        (:func:`~twisted_relay.upstream_headers.attribution_of`).
+    :ivar relay_key: the relay key it presented
+        (:class:`~twisted_relay.config.RelayKey`: its name for the log
+        line, dumps and usage), ``None`` when the relay takes every client.
+    :ivar requested_model: the ``model`` of its body, if it named one.
     """
 
     def __init__(self, context: RequestContext, request, route: RouteKind, model_id: str | None = None):
@@ -163,6 +176,8 @@ class RelayedRequest:
         self.attribution = {
             name: redact_text(value, context.secrets) for name, value in attribution_of(request.requestHeaders).items()
         }
+        self.relay_key: RelayKey | None = None
+        self.requested_model: str | None = None
         self._attempts: Attempts | None = None
         self._waiting: Deferred | None = None
         self._over_time = False
@@ -186,7 +201,7 @@ class RelayedRequest:
                 await context.starts.turn()
             return await self._relay()
         except CancelledError:
-            self.status = _CLIENT_GONE
+            self.status = CLIENT_GONE_STATUS
             # The client's transport stops the stream before the request
             # hears of the lost connection; wait until it has, so Klein knows
             # the request is gone and does not treat the cancellation as a
@@ -249,22 +264,24 @@ class RelayedRequest:
     async def _relay(self):
         context, request, route = self.context, self.request, self.route
         received_at = self.received_at = time.time()
-        raw = body = None
+        body = None
         stream_asked = False
         try:
-            _admit(context, request)
+            self.relay_key = _admit(context, request)
             # Checked before anything is read or sent: a path that could
             # leave the upstream's base path is never sent.
             path = upstream_path(request)
             facts = None
             if route.has_body:
-                raw = _read_body(context.config, request)
-                body = _parse_messages_body(raw)
-                if route.threads and "thread" in body:
-                    body, raw = await self._open_thread(body, raw)
-                stream_asked = body.get("stream") is True
-                facts = RequestFacts(body, len(raw))
+                pool = context.bodies if context.bodies is not None else BodyPool(context.reactor, workers=0)
+                body = RequestBody(pool, _read_body(context.config, request), getattr(request, "body_cost", None))
+                await self.wait(body.read())
+                if route.threads and "thread" in body.head:
+                    body = await self._open_thread(body)
+                stream_asked = body.head.get("stream") is True
+                facts = body.facts
                 plan = context.router.plan_for(facts)
+                self.requested_model = facts.model
             else:
                 listed = routed_model_ids(context.router.config)
                 if listed is not None:
@@ -274,13 +291,14 @@ class RelayedRequest:
                 else:
                     plan = context.router.plan_for_listing()
             if isinstance(plan, NoRoute):
-                raise _no_route_error(context.router, plan, facts, body)
-            # The facts hold the parsed body, which a request waiting on
+                raise _no_route_error(context.router, plan, facts, None if body is None else body.head)
+            # The facts may hold the parsed body, which a request waiting on
             # the upstream must not keep.
             facts = None
             # The body is handed over, not kept in this frame: the first
-            # attempt drops it once serialised.
-            attempts = self._attempts = Attempts(context, self, plan, path, raw, body)
+            # attempt drops its parsed form once serialised.
+            attempts = self._attempts = Attempts(context, self, plan, path, body)
+            raw = None if body is None else body.raw
             body = None
             response, sent = await attempts.make()
         except RelayError as e:
@@ -291,7 +309,7 @@ class RelayedRequest:
         exchange = Exchange(
             self.id, received_at, context.clients[attempt.upstream.name].display_url + sent.path,
             request.requestHeaders, raw, sent.headers, sent.body, sent.translation, attempt, attempts.labels(),
-            self.attribution,
+            self.attribution, self.relay_key,
         )
         answer = Answer(context, self, attempts, response, exchange)
         answer.set_headers()
@@ -299,6 +317,17 @@ class RelayedRequest:
             await answer.stream()
             return None
         return await answer.whole_body()
+
+    def prepared(self, raw: bytes, sent) -> None:
+        """
+        The first attempt's body is ready to send: from now on the request
+        holds its bytes, those sent and its translation only, and its room in
+        the in-flight budget shrinks to that (``docs/architecture.md``, "Big bodies").
+        """
+        keep = getattr(self.request, "keep_body_cost", None)
+        if keep is not None:
+            held = 0 if self.turn is None else self.turn.held_bytes
+            keep(kept_cost(raw, sent.body, sent.translation) + held)
 
     def _model_list(self, listed: tuple[str, ...]) -> bytes:
         """
@@ -318,21 +347,25 @@ class RelayedRequest:
         request.setHeader(b"content-type", JSON_CONTENT_TYPE)
         return whole(request, body)
 
-    async def _open_thread(self, body: dict, raw: bytes) -> tuple[dict, bytes]:
+    async def _open_thread(self, body: RequestBody) -> RequestBody:
         """
         A request in a message thread becomes the plain request it stands
         for (a ``continue`` rebuilt from the thread the relay holds), which
-        is then translated and sent like any other, and dumped as such.
+        is then translated and sent like any other, and dumped as such. The
+        rebuilding runs where the body's work does (a worker process when
+        the body or the thread is large).
 
         :raises ThreadError: the API's own answer (not found, already
             continued, in flight, changed ``system``/``tools``, malformed).
         """
         credential = credential_of(self.request.requestHeaders)
-        turn = await self.wait(self.context.threads.open(body, owner_of(credential)))
-        if turn is None:
-            return body, raw
-        self.turn = turn
-        return turn.request, to_json(turn.request)
+        opened = await self.wait(
+            self.context.threads.open_with(body.head, owner_of(credential), body.thread_request)
+        )
+        if opened is None:
+            return body
+        self.turn, plain = opened
+        return plain
 
     async def settle_thread(self, settling: Deferred) -> None:
         """
@@ -366,6 +399,7 @@ class RelayedRequest:
             upstream_model=None if attempt is None or attempt.model is None else bounded(attempt.model),
             attempts=None if attempts is None else attempts.labels(),
             attribution=self.attribution or None,
+            relay_key=None if self.relay_key is None else self.relay_key.name,
         )
 
 
@@ -423,16 +457,22 @@ def upstream_path(request) -> str:
 # -- admission ------------------------------------------------------------------
 
 
-def _admit(context: RequestContext, request) -> None:
-    """Refuse a request the relay must not take now, and say why."""
+def _admit(context: RequestContext, request) -> RelayKey | None:
+    """
+    Refuse a request the relay must not take now, and say why; return the
+    relay key it presented (``None`` when the relay takes every client).
+    """
     # While draining, requests on connections still open are served (a
     # load balancer does not resend a refused POST); each such
     # connection closes as its answer ends (drain.py).
-    if context.relay_keys and not _key_allowed(context.relay_keys, request):
-        raise RelayError(
-            401,
-            "The relay requires a relay key in x-api-key or Authorization: Bearer.",
-        )
+    relay_key = None
+    if context.relay_keys:
+        relay_key = _key_of(context.relay_keys, request)
+        if relay_key is None:
+            raise RelayError(
+                401,
+                "The relay requires a relay key in x-api-key or Authorization: Bearer.",
+            )
     limit = context.config.max_concurrent
     if limit and context.in_flight.count > limit:
         raise RelayError(
@@ -440,22 +480,25 @@ def _admit(context: RequestContext, request) -> None:
             "The relay is handling %d requests, its limit; try again shortly." % (limit,),
             kind="overloaded",
         )
+    return relay_key
 
 
-def _key_allowed(relay_keys: tuple[bytes, ...], request) -> bool:
+def _key_of(relay_keys: tuple[tuple[bytes, RelayKey], ...], request) -> RelayKey | None:
+    """The relay key the request presents (``x-api-key`` or ``Authorization: Bearer``), or ``None``."""
     presented = []
     presented.extend(request.requestHeaders.getRawHeaders(b"x-api-key", []))
     for value in request.requestHeaders.getRawHeaders(b"authorization", []):
         scheme, _, token = value.partition(b" ")
         if scheme.lower() == b"bearer":
             presented.append(token.strip())
-    allowed = False
+    found = None
     # Compare every presented key with every relay key, in constant time
     # per comparison, and never stop early.
     for candidate in presented:
-        for key in relay_keys:
-            allowed |= hmac.compare_digest(candidate, key)
-    return allowed
+        for key, relay_key in relay_keys:
+            if hmac.compare_digest(candidate, key) and found is None:
+                found = relay_key
+    return found
 
 
 def _read_body(config: RelayConfig, request) -> bytes:
@@ -485,13 +528,3 @@ def _read_body(config: RelayConfig, request) -> bytes:
     return content.read()
 
 
-def _parse_messages_body(raw: bytes) -> dict:
-    try:
-        body = ujson.loads(raw)
-    except (ValueError, OverflowError) as e:
-        raise RelayError(400, "Request body is not valid JSON: %s." % (e,))
-    if not isinstance(body, dict):
-        raise RelayError(400, "Request body must be a JSON object.")
-    if not isinstance(body.get("messages"), list):
-        raise RelayError(400, "messages: Field required and must be a list.")
-    return body

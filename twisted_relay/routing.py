@@ -302,15 +302,15 @@ class RequestFacts:
         asks, since it walks the whole history).
     """
 
-    def __init__(self, body: Any, size: int):
+    def __init__(self, body: Any, size: int, *, images: bool | None = None, conversation: str | None = None):
         self._body = body if isinstance(body, dict) else {}
         model = self._body.get("model")
         self.model: str | None = model if isinstance(model, str) else None
         self.size = size
         thinking = self._body.get("thinking")
         self.thinking = isinstance(thinking, dict) and thinking.get("type", "enabled") != "disabled"
-        self._images: bool | None = None
-        self._conversation: str | None = None
+        self._images: bool | None = images
+        self._conversation: str | None = conversation
 
     @property
     def conversation(self) -> str | None:
@@ -318,6 +318,14 @@ class RequestFacts:
         if self._conversation is None:
             self._conversation = conversation_of(self._body) or ""
         return self._conversation or None
+
+    @classmethod
+    def known(cls, head: dict, size: int, images: bool, conversation: str | None) -> "RequestFacts":
+        """
+        The facts of a body read elsewhere (a worker process): its top-level
+        fields ``head`` (``model``, ``thinking``), and what was found in it.
+        """
+        return cls(head, size, images=images, conversation=conversation or "")
 
     @classmethod
     def for_model(cls, model: str) -> "RequestFacts":

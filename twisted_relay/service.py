@@ -32,6 +32,8 @@ from twisted_relay.app import RelayApp
 from twisted_relay.config import DEFAULT_UPSTREAM_NAME, RelayConfig
 from twisted_relay.dumps import DumpWriter
 from twisted_relay.gctuning import GarbageCollectorTuning
+from twisted_relay.ledger import Ledger
+from twisted_relay.ledger_sql import LedgerError, open_ledger
 from twisted_relay.metrics import RelayMetrics, SharedMetricsFolder
 from twisted_relay.routing import Router
 from twisted_relay.settings import ListenCheck, ReloadResult, SettingsError, reload_config
@@ -180,6 +182,8 @@ class _RelayService(MultiService):
         """Turn what a user can cause at start (a port in use...) into a :class:`StartupError`."""
         try:
             yield
+        except LedgerError as e:
+            raise StartupError("cannot open the usage ledger: %s" % (e,)) from e
         except (CannotListenError, OSError) as e:
             description = self.descriptions.get(service)
             if description is not None:
@@ -222,7 +226,8 @@ class _RelayService(MultiService):
         if self.describe is not None:
             self.log.info(
                 "twisted-relay {version} listening on {listen}; upstream {upstream} (ids: {upstream_ids}); "
-                "upstream key: {upstream_key}; relay keys: {relay_keys}; dumps: {dump_dir}; workers: {workers}",
+                "upstream key: {upstream_key}; relay keys: {relay_keys}; dumps: {dump_dir}; usage ledger: {usage_db}; "
+                "workers: {workers}",
                 **self.describe(),
             )
 
@@ -277,6 +282,7 @@ class Relay:
 
     :ivar client: the upstream client (and its connection pool).
     :ivar dumps: the dump writer service, or ``None``.
+    :ivar ledger: the usage ledger service (``config.usage_db``), or ``None``.
     :ivar app: the Klein application.
     :ivar router: the routes and the health of the upstreams and keys
         (:mod:`twisted_relay.routing`); replaced on reload, keeping the
@@ -290,6 +296,9 @@ class Relay:
         was built from (see :func:`twisted_relay.settings.config_from`);
         :meth:`reload` reads ``config.config_file`` again with them. ``None``
         (an application that embeds the relay): none.
+    :param ledger: where each answer's usage record goes (an object with
+        ``record(UsageRecord)`` that never blocks nor raises) in place of the
+        ledger ``config.usage_db`` names; ``None``: that one, if any.
     """
 
     def __init__(
@@ -299,6 +308,7 @@ class Relay:
         *,
         worker: bool = False,
         command_line: Mapping[str, object] | None = None,
+        ledger=None,
     ):
         if reactor is None:
             from twisted.internet import reactor
@@ -335,8 +345,19 @@ class Relay:
             # Before any metric exists: they write to the workers' shared folder.
             shared_metrics = SharedMetricsFolder()
         self.metrics = RelayMetrics(self.dumps)
+        self.ledger = None
+        if config.usage_db is not None:
+            # Each worker process writes its own rows to the same database.
+            self.ledger = Ledger(
+                open_ledger(config.usage_db),
+                reactor=reactor,
+                flush_interval=config.usage_flush_interval,
+                max_queue=config.usage_max_queue,
+                retention_days=config.usage_retention_days,
+            )
         self.app = RelayApp(
-            config, self.clients, reactor=reactor, dumps=self.dumps, metrics=self.metrics, router=self.router
+            config, self.clients, reactor=reactor, dumps=self.dumps, metrics=self.metrics, router=self.router,
+            ledger=ledger if ledger is not None else self.ledger,
         )
 
         self.service = _RelayService(
@@ -350,10 +371,14 @@ class Relay:
             sync.setServiceParent(self.service)
         _UpstreamPoolService(self).setServiceParent(self.service)
         _ThreadStoreService(self.app.threads.store).setServiceParent(self.service)
+        self.app.bodies.setServiceParent(self.service)
         if config.gc_tuning:
             GarbageCollectorTuning(reactor).setServiceParent(self.service)
         if self.dumps is not None:
             self.dumps.setServiceParent(self.service)
+        if self.ledger is not None:
+            # Stopped after the requests in flight have ended (and recorded their usage).
+            self.ledger.setServiceParent(self.service)
         if config.simulate:
             _SimulatedUpstreamService(
                 reactor, self.client, config.simulate, dict(config.simulate_options)
@@ -401,6 +426,7 @@ class Relay:
             "relay_keys": ("%d" % len(config.relay_keys)) if config.relay_keys else "none (every client is let in)",
             "relay_key_count": len(config.relay_keys),
             "dump_dir": os.path.abspath(config.dump_dir) if config.dump_dir else "off",
+            "usage_db": self.ledger.database.description if self.ledger is not None else "off",
             "workers": config.workers,
         }
 

@@ -19,6 +19,7 @@ the ``check_listen`` callable it passes in.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import socket
@@ -33,12 +34,14 @@ from twisted_relay.config import (
     RelayConfig,
     default_bodies_in_flight,
     every_upstream_route,
+    usage_db_setting,
     id_pattern_setting,
     one_upstream,
     parse_size,
 )
 from twisted_relay.configfile import ConfigFileError, FileSettings, load
 from twisted_relay.message_threads.model import THREAD_MODES
+from twisted_relay.relay_keys import RelayKey, parse_key_file, unique_relay_keys
 from twisted_relay.translation import POLICIES, UpstreamRules
 
 __all__ = [
@@ -180,6 +183,17 @@ PARAMETERS = [
         "ignore",
         "How the simulated upstream treats message threads: ignore, rejects or knows.",
     ],
+    [
+        "usage-db",
+        None,
+        None,
+        "The usage ledger, one row a relayed request: an SQLite file (usage.sqlite) or "
+        "postgresql://user@host/db, shared by several relays (pip install 'twisted-relay[postgres]'). "
+        "Default: no ledger.",
+    ],
+    ["usage-flush-interval", None, "1", "Seconds between two writes of the ledger (what a killed relay may lose)."],
+    ["usage-retention-days", None, "400", "Delete ledger rows older than this many days (0: keep them all)."],
+    ["usage-max-queue", None, "50000", "Ledger rows held in memory at most while its database is down."],
 ]
 
 #: Options that are on or off: long name, short name, help (the shape of
@@ -203,7 +217,7 @@ FLAGS = [
 
 #: The settings a reload changes; the others keep their running values
 #: until the relay is started again.
-RELOADED_SETTINGS = ("upstreams", "routes", "breaker_failures", "breaker_cooldown", "key_rest")
+RELOADED_SETTINGS = ("upstreams", "routes", "breaker_failures", "breaker_cooldown", "key_rest", "prices")
 
 _SIMULATED_MODES = ("strict", "stateful", "lenient")
 # The values of --simulate-threads and --simulate-api, as the simulated upstream
@@ -322,6 +336,13 @@ def _with_file(config: RelayConfig, settings: FileSettings, given: set) -> Relay
             changes["threads"] = first.threads
     elif routes:
         changes["routes"] = routes
+    if settings.relay_keys:
+        try:
+            changes["relay_keys"] = unique_relay_keys(config.relay_keys + settings.relay_keys)
+        except ValueError as e:
+            raise SettingsError("%s: [relay-keys] with --relay-keys: %s" % (settings.path, e))
+    if settings.prices is not None:
+        changes["prices"] = settings.prices
     return config.with_changes(**changes)
 
 
@@ -380,7 +401,18 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
     thread_max_count = _whole("thread-max-count", values["thread-max-count"])
     if thread_max_count < 1:
         raise SettingsError("--thread-max-count must be 1 or more.")
+    if thread_store.startswith("redis://"):
+        _need("txredisapi", "redis", "--thread-store redis://...")
     thread_max_bytes = _size("thread-max-bytes", values["thread-max-bytes"])
+    try:
+        usage_db = usage_db_setting(values["usage-db"])
+    except ValueError as e:
+        raise SettingsError("--usage-db %s." % (e,))
+    if usage_db is not None and "://" in usage_db:
+        _need("psycopg", "postgres", "--usage-db postgresql://...")
+    usage_max_queue = _whole("usage-max-queue", values["usage-max-queue"])
+    if usage_max_queue < 1:
+        raise SettingsError("--usage-max-queue must be 1 or more.")
     try:
         max_connections = int(values["max-upstream-connections"])
     except ValueError:
@@ -449,6 +481,12 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
         thread_ttl=thread_ttl,
         thread_max_count=thread_max_count,
         thread_max_bytes=thread_max_bytes,
+        usage_db=usage_db,
+        usage_flush_interval=_positive("usage-flush-interval", values["usage-flush-interval"]),
+        usage_retention_days=_positive(
+            "usage-retention-days", values["usage-retention-days"], allow_zero=True, unit="days"
+        ),
+        usage_max_queue=usage_max_queue,
         simulate_options={
             "seed": seed,
             "reuse_every": reuse_every,
@@ -457,6 +495,16 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
             "api": values["simulate-api"],
         },
     )
+
+
+def _need(module: str, extra: str, what: str) -> None:
+    """An optional dependency ``what`` needs: a missing one is a one-line error naming the extra that installs it."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise SettingsError(
+            "%s needs %s, which is not installed: pip install 'twisted-relay[%s]'" % (what, module, extra)
+        )
 
 
 def _upstream_url(value: str) -> str:
@@ -511,17 +559,17 @@ def _whole(name: str, value: str) -> int:
     return number
 
 
-def _read_keys(path: str) -> tuple[str, ...]:
-    """Read a relay keys file: one key a line; blank lines and ``#`` comments skipped."""
+def _read_keys(path: str) -> tuple[RelayKey, ...]:
+    """Read a relay keys file (:func:`~twisted_relay.relay_keys.parse_key_file`); a mistake never shows a key."""
     try:
         with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+            text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise SettingsError("--relay-keys: cannot read %r: %s" % (path, e))
-    keys = tuple(line.strip() for line in lines if line.strip() and not line.strip().startswith("#"))
-    if not keys:
-        raise SettingsError("--relay-keys: %r holds no key." % (path,))
-    return keys
+    try:
+        return parse_key_file(text)
+    except ValueError as e:
+        raise SettingsError("--relay-keys: %r %s." % (path, e))
 
 
 def _bodies_in_flight(value: str | None) -> int:

@@ -13,6 +13,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.server import Request, Site
 
 from twisted_relay import _twisted
+from twisted_relay.body_work import BodyShape
 from twisted_relay.config import RelayConfig
 from twisted_relay.errors import RelayError
 
@@ -21,12 +22,19 @@ __all__ = ["BodyBudget", "RelaySite"]
 
 class BodyBudget:
     """
-    The bytes of request bodies a relay process holds at once, and their
-    limit (0: none). A body is counted from its first byte (its whole
-    declared length at once) until its request is finished or its
-    connection lost. One body is always let in when no other request holds
-    any, however large (``max_body`` bounds it), whether its length is
-    declared or it comes chunk by chunk.
+    The memory request bodies cost a relay process at once, and its limit
+    (0: none). A body is counted from its first byte until its request is
+    finished or its connection lost, at what it is estimated to cost once
+    parsed (:class:`~twisted_relay.body_work.BodyShape`: a body of tiny
+    messages costs about fifteen times its size, one long string twice):
+    what has arrived, and from its first 64 KiB on its whole declared length
+    projected from their shape; then, once the first attempt's body is ready
+    to send, only what the request keeps (its bytes, those sent, its
+    translation, a thread's conversation). A body never counts for more than
+    seven eighths of the limit (:meth:`counted`): one costing more than the
+    whole limit is let in while the others cost less than an eighth of it,
+    and leaves that eighth to small requests. When several large bodies
+    arrive at once, the first whose bytes show its cost takes the room.
 
     :ivar held: bytes counted now.
     """
@@ -35,13 +43,15 @@ class BodyBudget:
         self.limit = limit
         self.held = 0
 
-    def reserve(self, size: int, own: int = 0) -> bool:
-        """
-        Count ``size`` more bytes, if the limit allows; say whether it did.
-        ``own`` is what the same request holds already (its earlier chunks):
-        only bytes held by other requests can refuse it.
-        """
-        if self.limit and self.held > own and self.held + size > self.limit:
+    def counted(self, cost: int) -> int:
+        """What a body of this estimated cost counts for."""
+        if not self.limit:
+            return cost
+        return min(cost, self.limit - self.limit // 8)
+
+    def reserve(self, size: int, force: bool = False) -> bool:
+        """Count ``size`` more bytes, if the limit allows (or ``force``); say whether it did."""
+        if self.limit and self.held + size > self.limit and not force:
             return False
         self.held += size
         return True
@@ -58,27 +68,37 @@ class _BodyLimitedRequest(Request):
     oversized body in memory or on disk. A body the site's ``body_budget``
     has no room for is not stored either (``over_budget``): the route
     answers 529.
+
+    :ivar body_cost: the body's estimated cost once parsed, as far as it
+        has arrived (``None`` before it starts).
     """
 
     body_too_large = False
     over_budget = False
     _limit = None
+    _length = None
     _received = 0
     _reserved = 0
-    _counted_per_chunk = False
+    _released = False
+    _shape = None
+    _budget = None
+
+    @property
+    def body_cost(self) -> int | None:
+        shape = self._shape
+        return None if shape is None else shape.cost()
 
     def gotLength(self, length):
         self._limit = getattr(self.channel.site, "max_body", None)
+        self._shape = BodyShape()
         if self._limit is not None and length is not None and length > self._limit:
             self.body_too_large = True
             self.content = io.BytesIO()
             return
-        if length is None:
-            # Chunked: counted as it comes.
-            self._counted_per_chunk = True
-        elif not self._reserve(length):
-            self.content = io.BytesIO()
-            return
+        # Counted as its bytes come (handleContentChunk), not at its declared
+        # length: several large bodies declared at once would each hold room
+        # the first of them needs once its bytes show what it costs.
+        self._length = length
         # In memory, however large: the route reads the whole body into
         # memory anyway, and max_body bounds it; Twisted's default spools a
         # body over 100 kB to a temporary file, a write and a read of disk.
@@ -106,27 +126,50 @@ class _BodyLimitedRequest(Request):
             self.content.close()
             self.content = io.BytesIO()
             return
-        if self._counted_per_chunk and not self._reserve(len(data)):
+        shape = self._shape
+        shape.add(data)
+        if not self._count(shape.projected(self._length)):
             self.content.close()
             self.content = io.BytesIO()
             return
         self.content.write(data)
 
-    def _reserve(self, size: int) -> bool:
-        """Count ``size`` body bytes in the site's budget; mark the request ``over_budget`` if it is full."""
-        budget = getattr(self.channel.site, "body_budget", None)
-        if budget is None or not size:
-            return True
-        if not budget.reserve(size, self._reserved):
+    def keep_body_cost(self, cost: int) -> None:
+        """
+        The request's body costs ``cost`` bytes from now on: what it keeps
+        once sent (less: the rest of its room goes back; more, for a message
+        thread rebuilt from a stored conversation: counted, never refused).
+        """
+        if not self._released:
+            self._count(cost, refuse=False)
+
+    def _count(self, cost: int, refuse: bool = True) -> bool:
+        """
+        Count the body at ``cost`` in the site's budget, more or less than
+        before; when there is no room for more (and ``refuse``), mark the
+        request ``over_budget`` and say so.
+        """
+        budget = self._budget
+        if budget is None:
+            budget = getattr(getattr(self.channel, "site", None), "body_budget", None)
+            if budget is None:
+                return True
+        counted = budget.counted(cost)
+        more = counted - self._reserved
+        if more > 0 and not budget.reserve(more, force=not refuse):
             self.over_budget = True
             return False
-        if not self._reserved:
-            self.notifyFinish().addBoth(self._release_body, budget)
-        self._reserved += size
+        if more < 0:
+            budget.release(-more)
+        if self._budget is None and counted:
+            self._budget = budget
+            self.notifyFinish().addBoth(self._release_body)
+        self._reserved = counted
         return True
 
-    def _release_body(self, result, budget: BodyBudget):
-        budget.release(self._reserved)
+    def _release_body(self, result):
+        self._released = True
+        self._budget.release(self._reserved)
         self._reserved = 0
         return None
 
@@ -282,7 +325,8 @@ class RelaySite(Site):
 
     It writes no access-log line (the relay logs one structured event per
     request itself), stops storing request bodies over ``max_body`` or past
-    ``max_bodies_in_flight`` bytes of bodies held at once (0: no limit), and
+    ``max_bodies_in_flight`` bytes of bodies' estimated cost held at once
+    (0: no limit; :class:`BodyBudget`), and
     cuts clients that take over ``request_read_timeout`` seconds to send a
     request. Idle keep-alive connections close after ``timeout`` seconds.
     """

@@ -1,7 +1,8 @@
 # -*- test-case-name: tests.test_sse -*-
 """
 The SSE gate: the Twisted Protocol that streams an upstream's SSE answer to
-the client, deciding on the way the events that can carry tool-use ids.
+the client, deciding on the way the events that can carry tool-use ids, and
+reading the usage the upstream reports (for metering).
 
 The gate (a :class:`~twisted.internet.protocol.Protocol` that treq feeds
 with ``response.deliverBody``) cuts the body into raw events with the framer
@@ -10,7 +11,9 @@ complete events to the client in one write, after the id-translation core has de
 the few events that can carry tool-use ids (``content_block_start`` and
 ``message_start``), and the ``content_block_delta`` events that carry a
 thinking block's ``signature_delta`` (the translator marks it with its maker).
-Every other event is never parsed and leaves as the very bytes that came in.
+With a usage reader (``on_usage``), ``message_delta`` is parsed too (one per
+answer). Every other event is never parsed and leaves as the very bytes that
+came in.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from zope.interface import implementer
 
 from twisted_relay._json import to_json
 from twisted_relay.errors import RelayError
+from twisted_relay.upstream_agent import UpstreamTimer
 from twisted_relay.sse_events import (
     DEFAULT_MAX_EVENT_BYTES,
     EventFramer,
@@ -55,7 +59,9 @@ _CONTENT_BLOCK_START = b"content_block_start"
 _MESSAGE_START = b"message_start"
 _ERROR = b"error"
 _MESSAGE_STOP = b"message_stop"
+_MESSAGE_DELTA = b"message_delta"
 _PARSED = frozenset((_CONTENT_BLOCK_START, _MESSAGE_START, _ERROR))
+_PARSED_WITH_USAGE = _PARSED | {_MESSAGE_DELTA}
 # Bytes that every event the gate must see holds: the end of its ``event``
 # line, which (with no "\r" in the stream) is the name and a "\n". Data lines
 # hold JSON, where a "\n" never follows these words: text deltas full of
@@ -69,6 +75,8 @@ _GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n")
 _CONTENT_BLOCK_DELTA = b"content_block_delta"
 _SIGNATURE_DELTA = b'"signature_delta"'
 _GATED_WITH_SIGNATURES = (*_GATED_NAME_ENDS, _SIGNATURE_DELTA)
+# With a usage reader: the message_delta that ends an answer (once a stream).
+_MESSAGE_DELTA_END = _MESSAGE_DELTA + b"\n"
 
 
 def _unterminated_last_event(pending: bytes, reason: Failure | None) -> bytes | None:
@@ -133,6 +141,9 @@ class SSEGate(Protocol):
         returns them with secrets removed (an upstream may repeat the key it
         was sent); ``None`` passes them as they are. Other events never
         reach it.
+    :param on_usage: called with the name (``b"message_start"`` or
+        ``b"message_delta"``) and the parsed payload of each event that
+        reports usage; ``None`` reads no ``message_delta``.
 
     :ivar done: fires ``None`` when the upstream body ended after a complete
         stream; errbacks with :class:`~twisted_relay.errors.RelayError` when it
@@ -160,10 +171,18 @@ class SSEGate(Protocol):
         on_rewrite: Callable[[Rewrite], None] | None = None,
         on_error_event: Callable[[dict], None] | None = None,
         redact_error: Callable[[bytes], bytes] | None = None,
+        on_usage: Callable[[bytes, dict], None] | None = None,
     ):
         self._write = write
         self._translator = translator
-        self._gated = _GATED_WITH_SIGNATURES if getattr(translator, "marks_thinking", False) else _GATED_NAME_ENDS
+        self._marks_thinking = getattr(translator, "marks_thinking", False)
+        gated = _GATED_WITH_SIGNATURES if self._marks_thinking else _GATED_NAME_ENDS
+        if on_usage is not None:
+            # After the "_start" events, which recur; message_delta comes once.
+            gated = (gated[0], _MESSAGE_DELTA_END, *gated[1:])
+        self._gated = gated
+        self._parsed = _PARSED if on_usage is None else _PARSED_WITH_USAGE
+        self._on_usage = on_usage
         self._clock = clock
         self._idle_timeout = idle_timeout
         self._ping_interval = ping_interval
@@ -178,7 +197,7 @@ class SSEGate(Protocol):
         self._held: list[bytes] = []
         self._last_byte = 0.0
         self._quiet_since = 0.0
-        self._idle_call: IDelayedCall | None = None
+        self._idle_call: UpstreamTimer | None = None
         self._ping_call: IDelayedCall | None = None
         self.message_stop_seen = False
         self.error_event_seen = False
@@ -329,9 +348,9 @@ class SSEGate(Protocol):
                 break
             stop = end
             name = event_name_at(buf, start, end, framer.line_ends_vary)
-            if name in _PARSED or (
+            if name in self._parsed or (
                 name == _CONTENT_BLOCK_DELTA
-                and self._gated is _GATED_WITH_SIGNATURES
+                and self._marks_thinking
                 and buf.find(_SIGNATURE_DELTA, start, end) >= 0
             ):
                 replacement = self._decide(name, copy_range(buf, start, end))
@@ -377,6 +396,10 @@ class SSEGate(Protocol):
             return None
         if not isinstance(payload, dict):
             return None
+        if self._on_usage is not None and (name == _MESSAGE_START or name == _MESSAGE_DELTA):
+            self._on_usage(name, payload)
+            if name == _MESSAGE_DELTA:
+                return None
         translator = self._translator
         if translator is None:
             return None
@@ -430,7 +453,7 @@ class SSEGate(Protocol):
         now = self._clock.seconds()
         self._last_byte = self._quiet_since = now
         if self._idle_timeout is not None and self._idle_call is None:
-            self._idle_call = self._clock.callLater(self._idle_timeout, self._idle_check)
+            self._idle_call = UpstreamTimer(self._clock, self._idle_timeout, self._idle_check)
         if self._ping_interval is not None and self._ping_call is None:
             self._ping_call = self._clock.callLater(self._ping_interval, self._ping_check)
 
@@ -447,7 +470,7 @@ class SSEGate(Protocol):
     def _idle_check(self) -> None:
         left = self._last_byte + self._idle_timeout - self._clock.seconds()
         if left > 0:
-            self._idle_call = self._clock.callLater(left, self._idle_check)
+            self._idle_call = UpstreamTimer(self._clock, left, self._idle_check)
             return
         self._idle_call = None
         self._fail(

@@ -28,7 +28,14 @@ from treq.client import HTTPClient
 from twisted_relay import _twisted
 from twisted_relay.chunked import CoalescingChunkedDecoder
 from twisted_relay.errors import RelayError
-from twisted_relay.upstream_agent import BytesProducer, NoCookies, PooledAgent, PreparedURL, UpstreamEndpoints
+from twisted_relay.upstream_agent import (
+    BytesProducer,
+    NoCookies,
+    PooledAgent,
+    PreparedURL,
+    UpstreamEndpoints,
+    UpstreamTimer,
+)
 
 __all__ = [
     "display_url",
@@ -55,7 +62,7 @@ class _BodyReader(Protocol):
 
     def connectionMade(self) -> None:
         if self._idle_timeout:
-            self._timer = self._clock.callLater(self._idle_timeout, self._check_idle)
+            self._timer = UpstreamTimer(self._clock, self._idle_timeout, self._check_idle)
 
     def dataReceived(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -65,7 +72,7 @@ class _BodyReader(Protocol):
     def _check_idle(self) -> None:
         silent = self._clock.seconds() - self._last
         if silent < self._idle_timeout:
-            self._timer = self._clock.callLater(self._idle_timeout - silent, self._check_idle)
+            self._timer = UpstreamTimer(self._clock, self._idle_timeout - silent, self._check_idle)
             return
         self._timer = None
         self.transport.stopProducing()
@@ -258,7 +265,9 @@ class UpstreamClient:
             timed_out.append(True)
             d.cancel()
 
-        timer = self._reactor.callLater(timeout, on_timeout)
+        # Judged once the reactor has read what arrived: headers that came
+        # while the relay itself was busy are not "no response".
+        timer = UpstreamTimer(self._reactor, timeout, on_timeout)
 
         def done(result):
             if timer.active():

@@ -13,13 +13,15 @@ from __future__ import annotations
 from http.cookiejar import CookieJar
 
 from twisted.internet.abstract import isIPAddress, isIPv6Address
-from twisted.internet.defer import fail, succeed
+from twisted.internet.defer import CancelledError, fail, succeed
 from twisted.internet.endpoints import (
     HostnameEndpoint,
     TCP4ClientEndpoint,
     TCP6ClientEndpoint,
     wrapClientTLS,
 )
+from twisted.internet.error import ConnectingCancelledError, TimeoutError
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.web.client import URI, Agent, BrowserLikePolicyForHTTPS
 from twisted.web.error import SchemeNotSupported
 from twisted.web.http_headers import Headers
@@ -34,8 +36,80 @@ __all__ = [
     "NoCookies",
     "PooledAgent",
     "PreparedURL",
+    "TimedEndpoint",
     "UpstreamEndpoints",
+    "UpstreamTimer",
 ]
+
+
+class UpstreamTimer:
+    """
+    A timer that judges the upstream (its connect, its headers, its
+    silence): it calls ``f`` ``seconds`` from now, but only once the
+    reactor has also read what arrived by then. When the relay itself was
+    busy past that moment, the reactor runs its due timers before it reads
+    its sockets again; this one then waits that one read, and what the
+    upstream sent meanwhile (the connection made, the headers, a byte) can
+    still stop it. (Twisted runs the calls a timer makes at its next round of
+    timers, after the sockets are read: ``ReactorBase.runUntilCurrent``.)
+    """
+
+    def __init__(self, reactor, seconds: float, f):
+        self._reactor = reactor
+        self._f = f
+        self._call = reactor.callLater(seconds, self._due)
+
+    def _due(self) -> None:
+        self._call = self._reactor.callLater(0, self._fire)
+
+    def _fire(self) -> None:
+        self._call = None
+        self._f()
+
+    def active(self) -> bool:
+        """Whether it has yet to fire (and was not cancelled)."""
+        return self._call is not None and self._call.active()
+
+    def cancel(self) -> None:
+        """Stop it, if it has yet to fire."""
+        call, self._call = self._call, None
+        if call is not None and call.active():
+            call.cancel()
+
+
+@implementer(IStreamClientEndpoint)
+class TimedEndpoint:
+    """
+    ``endpoint``, whose connect fails with ``TimeoutError`` when not made
+    within ``timeout`` seconds, judged by an :class:`UpstreamTimer` (not by
+    the reactor's connect timer, which fires before the reactor reads a
+    connection made while it was busy).
+
+    :ivar endpoint: the endpoint it connects with.
+    """
+
+    def __init__(self, reactor, endpoint, timeout: float):
+        self._reactor = reactor
+        self.endpoint = endpoint
+        self._timeout = timeout
+
+    def connect(self, factory):
+        d = self.endpoint.connect(factory)
+        timed_out = []
+
+        def expire() -> None:
+            timed_out.append(True)
+            d.cancel()
+
+        timer = UpstreamTimer(self._reactor, self._timeout, expire)
+
+        def settled(result):
+            timer.cancel()
+            if timed_out and hasattr(result, "check") and result.check(CancelledError, ConnectingCancelledError):
+                raise TimeoutError(string="no connection within %g seconds" % (self._timeout,))
+            return result
+
+        return d.addBoth(settled)
 
 
 @implementer(IAgentEndpointFactory)
@@ -69,12 +143,17 @@ class UpstreamEndpoints:
             name = host.decode("ascii")
         except UnicodeDecodeError:
             raise ValueError("The upstream host %r is not ASCII." % (host,))
+        # The connect timeout is the relay's own (TimedEndpoint); Twisted's
+        # is a backstop well past it.
+        backstop = max(60.0, 4 * self._timeout)
         if isIPAddress(name):
-            endpoint = TCP4ClientEndpoint(self._reactor, name, port, timeout=self._timeout)
+            endpoint = TCP4ClientEndpoint(self._reactor, name, port, timeout=backstop)
         elif isIPv6Address(name):
-            endpoint = TCP6ClientEndpoint(self._reactor, name, port, timeout=self._timeout)
+            endpoint = TCP6ClientEndpoint(self._reactor, name, port, timeout=backstop)
         else:
-            endpoint = HostnameEndpoint(self._reactor, name, port, timeout=self._timeout)
+            endpoint = HostnameEndpoint(self._reactor, name, port, timeout=backstop)
+        if self._timeout:
+            endpoint = TimedEndpoint(self._reactor, endpoint, self._timeout)
         if scheme == b"http":
             return endpoint
         if scheme == b"https":

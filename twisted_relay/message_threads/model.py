@@ -41,11 +41,15 @@ __all__ = [
     "already_continued",
     "assemble_stream",
     "continue_in_flight",
+    "conversation_after",
+    "conversation_prefix",
     "fingerprint_mismatch",
     "plain_request",
     "rebuild_request",
     "thread_not_found",
     "thread_of",
+    "thread_request",
+    "upstream_thread_request",
     "without_threads_beta",
 ]
 
@@ -186,6 +190,29 @@ def plain_request(body: dict) -> dict:
     return plain
 
 
+def upstream_thread_request(translated: dict, previous_message_id: str | None, new_messages: int) -> dict:
+    """
+    What an upstream that knows threads is sent for a thread's turn, once
+    the whole (plain) request is translated (``translated``): the thread
+    field again, and for a ``continue`` (``previous_message_id``) only the
+    ``new_messages`` translated new messages, without ``system``/``tools``
+    (which the upstream holds). A whole request translates every message
+    exactly as the upstream's thread already holds it (a block's upstream id
+    never changes on later turns), so the new messages fit the upstream's
+    thread.
+    """
+    sent = dict(translated)
+    if previous_message_id is None:
+        sent["thread"] = {"type": CREATE}
+    else:
+        sent["thread"] = {"type": CONTINUE, "previous_message_id": previous_message_id}
+        for name in CREATE_ONLY_FIELDS:
+            sent.pop(name, None)
+        messages = translated.get("messages") or []
+        sent["messages"] = messages[len(messages) - new_messages:] if new_messages else []
+    return sent
+
+
 def without_threads_beta(header: str | None) -> str | None:
     """
     An ``anthropic-beta`` header value without :data:`THREADS_BETA`, for the
@@ -271,6 +298,44 @@ class Conversation:
 
     def __repr__(self) -> str:
         return f"<Conversation {sorted(self.fields)}, {len(self.messages)} messages>"
+
+
+def conversation_prefix(request: dict) -> bytes:
+    """
+    The bytes a store keeps for the conversation of the plain ``request``,
+    but for their end: ``Conversation.after(request, answer).encode()`` is
+    :func:`conversation_after` of them and the answer. Made once the request
+    is, so that a turn holds these bytes rather than the parsed request
+    (ten times larger), and keeping the answer costs a copy, not a
+    serialisation of the whole conversation.
+    """
+    fields = {name: request[name] for name in CREATE_ONLY_FIELDS if name in request}
+    data = Conversation(fields, list(request.get("messages") or ())).encode()
+    # Without the messages list's "]" and the object's "}": the messages come last.
+    return data[:-2]
+
+
+def conversation_after(prefix: bytes, answer: dict) -> bytes:
+    """The bytes :meth:`Conversation.encode` gives for the conversation of :func:`conversation_prefix` once ``answer`` was given."""
+    message = {"role": "assistant", "content": answer.get("content", [])}
+    data = ujson.dumps(message, ensure_ascii=True, escape_forward_slashes=False).encode("ascii")
+    return b"".join((prefix, b"" if prefix.endswith(b"[") else b",", data, b"]}"))
+
+
+def thread_request(body: dict, stored: bytes | None) -> tuple[dict, int]:
+    """
+    The plain request a thread request ``body`` stands for, and how many
+    messages of it the client sent: for a ``create`` (``stored`` is
+    ``None``) the body without its ``thread``; for a ``continue``, rebuilt
+    from the ``stored`` conversation (:func:`rebuild_request`).
+
+    :raises ThreadError: as :func:`rebuild_request`.
+    :raises ValueError: for ``stored`` bytes that are not a conversation.
+    """
+    if stored is None:
+        return plain_request(body), 0
+    new = body.get("messages")
+    return rebuild_request(body, Conversation.decode(stored)), len(new) if isinstance(new, list) else 0
 
 
 def rebuild_request(body: dict, conversation: Conversation) -> dict:

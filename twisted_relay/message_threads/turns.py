@@ -24,18 +24,16 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
-from twisted_relay._json import to_json
 from twisted_relay.message_threads.model import (
     CONTINUE,
-    CREATE_ONLY_FIELDS,
     THREAD_MODES,
     AnswerRecorder,
     Conversation,
     ThreadError,
-    plain_request,
-    rebuild_request,
+    conversation_after,
     thread_not_found,
     thread_of,
+    thread_request,
     without_threads_beta,
 )
 from twisted_relay.message_threads.store import IThreadStore, thread_store_for
@@ -88,24 +86,34 @@ class ThreadTurn:
     One thread request on its way: the plain request to send, and how to
     settle the thread once the answer is known (exactly once).
 
-    :ivar request: the plain, thread-less request, to translate and send.
+    :ivar request: the plain, thread-less request, to translate and send
+        (``None`` when it was made elsewhere: a worker process).
     :ivar previous_message_id: the answer a ``continue`` resumes from
         (``None`` for a ``create``).
     :ivar new_messages: how many messages the client sent in this request
         (the tail of :attr:`request`).
+    :param prefix: the conversation's bytes but for their end
+        (:func:`~twisted_relay.message_threads.model.conversation_prefix`),
+        when made elsewhere; then kept instead of :attr:`request`.
     """
 
     def __init__(
-        self, keeper: ThreadKeeper, owner: str, request: dict, previous_message_id: str | None,
-        new_messages: int = 0,
+        self, keeper: ThreadKeeper, owner: str, request: dict | None, previous_message_id: str | None,
+        new_messages: int = 0, *, prefix: bytes | None = None,
     ):
         self._keeper = keeper
         self._owner = owner
         self.request = request
         self.previous_message_id = previous_message_id
         self.new_messages = new_messages
+        self._prefix = prefix
         self._recorder: AnswerRecorder | None = None
         self._settled = False
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of the conversation this turn holds (those made elsewhere)."""
+        return 0 if self._prefix is None else len(self._prefix)
 
     def answered(self, message: dict | None) -> defer.Deferred:
         """The client received ``message`` whole: keep the thread under its id.
@@ -117,9 +125,13 @@ class ThreadTurn:
         self._settled = True
         keeper = self._keeper
         previous = self.previous_message_id
+        if self._prefix is not None:
+            data = conversation_after(self._prefix, message)
+        else:
+            data = Conversation.after(self.request, message).encode()
         return keeper.store.commit(
             keeper.key(self._owner, message["id"]),
-            Conversation.after(self.request, message).encode(),
+            data,
             None if previous is None else keeper.key(self._owner, previous),
         )
 
@@ -139,31 +151,6 @@ class ThreadTurn:
         except (ValueError, OverflowError):
             message = None
         return self.answered(message)
-
-    def upstream_bytes(self, translated: dict, plain: bytes) -> bytes:
-        """
-        What is sent upstream once :attr:`request` is translated
-        (``translated``, serialised as ``plain``): ``plain`` for an upstream
-        that does not know threads; for one that does, the thread field
-        again, and for a ``continue`` only the translated new messages
-        (without ``system``/``tools``, which the upstream holds). A whole
-        request translates every message exactly as the upstream's thread
-        already holds it (a block's upstream id never changes on later
-        turns), so the new messages fit the upstream's thread.
-        """
-        if not self._keeper.upstream_knows:
-            return plain
-        sent = dict(translated)
-        previous = self.previous_message_id
-        if previous is None:
-            sent["thread"] = {"type": "create"}
-        else:
-            sent["thread"] = {"type": CONTINUE, "previous_message_id": previous}
-            for name in CREATE_ONLY_FIELDS:
-                sent.pop(name, None)
-            messages = translated.get("messages") or []
-            sent["messages"] = messages[len(messages) - self.new_messages:] if self.new_messages else []
-        return to_json(sent)
 
     def upstream_headers(self, headers: Headers) -> Headers:
         """``headers`` as sent: without the threads beta when the request sent is plain."""
@@ -230,27 +217,50 @@ class ThreadKeeper:
             or the :class:`ThreadTurn`; failing with the
             :class:`~twisted_relay.message_threads.model.ThreadError` to answer.
         """
+
+        def rebuild(stored: bytes | None) -> defer.Deferred:
+            request, new = thread_request(body, stored)
+            return defer.succeed((request, None, new, None))
+
+        return self.open_with(body, owner, rebuild).addCallback(lambda opened: None if opened is None else opened[0])
+
+    def open_with(self, head: dict, owner: str, rebuild: Callable[[bytes | None], defer.Deferred]) -> defer.Deferred:
+        """
+        :meth:`open`, the plain request made by ``rebuild`` (in a worker
+        process, for a large body or conversation). ``head`` holds the body's
+        ``thread`` field; ``rebuild(stored)`` makes the plain request from
+        the stored conversation (``None`` for a ``create``) and gives a
+        Deferred of ``(request, prefix, new_messages, value)``, ``request``
+        or ``prefix`` ``None`` (:class:`ThreadTurn`), or fails with the
+        :class:`~twisted_relay.message_threads.model.ThreadError` to answer
+        (``ValueError``: a stored conversation it cannot read, not found).
+
+        :return: a Deferred firing ``None`` for a request without a thread,
+            or ``(turn, value)``.
+        """
         try:
-            thread = thread_of(body)
+            thread = thread_of(head)
         except ThreadError:
             return defer.fail()
         if thread is None:
             return defer.succeed(None)
+
+        def opened(made: tuple, previous: str | None) -> tuple:
+            request, prefix, new, value = made
+            return ThreadTurn(self, owner, request, previous, new, prefix=prefix), value
+
         if thread.kind != CONTINUE:
-            return defer.succeed(ThreadTurn(self, owner, plain_request(body), None))
+            return defer.maybeDeferred(rebuild, None).addCallback(opened, None)
         previous = thread.previous_message_id
         key = self.key(owner, previous)
 
-        def found(data: bytes) -> ThreadTurn:
-            try:
-                request = rebuild_request(body, Conversation.decode(data))
-            except ThreadError:
-                self.store.abort(key)
-                raise
-            except ValueError:
-                self.store.abort(key)
+        def refused(failure):
+            self.store.abort(key)
+            if failure.check(ValueError) and not failure.check(ThreadError):
                 raise thread_not_found()
-            new = body.get("messages")
-            return ThreadTurn(self, owner, request, previous, len(new) if isinstance(new, list) else 0)
+            return failure
+
+        def found(data: bytes) -> defer.Deferred:
+            return defer.maybeDeferred(rebuild, data).addCallbacks(opened, refused, callbackArgs=(previous,))
 
         return self.store.begin(key).addCallback(found)

@@ -171,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Share of streamed answers cut by a mid-stream error event, 0 to 1 (default: %(default)s).",
     )
     parser.add_argument(
+        "--stream-cuts",
+        metavar="SHARE",
+        type=_share,
+        default=0.0,
+        help="Share of streamed answers whose connection drops midway, 0 to 1 (default: %(default)s).",
+    )
+    parser.add_argument(
         "--refusals",
         metavar="SHARE",
         type=_share,
@@ -235,6 +242,7 @@ def upstream_from(options: argparse.Namespace, reactor: object = None) -> Simula
         accounts=dict(options.account),
         binding_default=options.binding_default,
         stream_errors=options.stream_errors,
+        stream_cuts=options.stream_cuts,
         refusals=options.refusals,
         compactions=options.compactions,
     )

@@ -629,6 +629,36 @@ def _server_tool_blocks(ids: _IdSource, rng: random.Random) -> list[dict]:
     ]
 
 
+def _offers_web_fetch(body: dict) -> bool:
+    """The request offers the web fetch server tool (a ``web_fetch_*`` tool)."""
+    tools = body.get("tools")
+    return isinstance(tools, list) and any(
+        isinstance(tool, dict) and str(tool.get("type", "")).startswith("web_fetch") for tool in tools
+    )
+
+
+def _web_fetch_blocks(ids: _IdSource, rng: random.Random) -> list[dict]:
+    page = rng.randint(1, 999)
+    call_id = ids.next_id("server_tool_use", "web_fetch")
+    url = f"https://example.com/pages/{page}"
+    return [
+        {"type": "server_tool_use", "id": call_id, "name": "web_fetch", "input": {"url": url}},
+        {
+            "type": "web_fetch_tool_result",
+            "tool_use_id": call_id,
+            "content": {
+                "type": "web_fetch_result",
+                "url": url,
+                "content": {
+                    "type": "document",
+                    "source": {"type": "text", "media_type": "text/plain", "data": f"Page {page}: {rng.choice(_WORDS)}"},
+                },
+                "retrieved_at": "2026-12-01T12:00:00Z",
+            },
+        },
+    ]
+
+
 def compose_answer(body: Any, options: ModelOptions) -> dict:
     """
     The assistant message the fake model answers ``body`` with.
@@ -636,8 +666,9 @@ def compose_answer(body: Any, options: ModelOptions) -> dict:
     With client tools in the request: a short text block then
     ``options.parallel`` ``tool_use`` blocks (``stop_reason`` ``tool_use``);
     without: a text answer (``end_turn``).  ``options.server_tools`` adds a
-    web search and its result.  Deterministic in ``options.seed`` and the
-    request's content.
+    web search and its result, and a web fetch with its result when the
+    request offers the ``web_fetch`` tool.  Deterministic in
+    ``options.seed`` and the request's content.
     """
     body = body if isinstance(body, dict) else {}
     messages = messages_of(body)
@@ -652,6 +683,8 @@ def compose_answer(body: Any, options: ModelOptions) -> dict:
                         "signature": sign_thinking(options.thinking_secret, thought)})
     if options.server_tools:
         content.extend(_server_tool_blocks(ids, rng))
+        if _offers_web_fetch(body):
+            content.extend(_web_fetch_blocks(ids, rng))
     if tools:
         content.append({"type": "text", "text": f"{rng.choice(_TOOL_PHRASES)} (step {step})"})
         for call in range(options.parallel):

@@ -53,7 +53,8 @@ from twisted_relay.simulated.model import (
     seeded_rng,
 )
 from twisted_relay.simulated.thinking import DEFAULT_SECRET
-from twisted_relay.simulated.today import APIS, TodayRules, family_of, rare_answer
+from twisted_relay.simulated.today import APIS, TodayRules, fallback_model_of, family_of, rare_answer
+from twisted_relay.simulated.usage import PromptCache, UsageTally, delta_usage, start_usage
 
 __all__ = ["MAX_BODY", "ReceivedRequest", "SimulatedUpstream", "get_model", "list_models"]
 
@@ -138,9 +139,20 @@ class SimulatedUpstream:
         request) that are a ``refusal`` with ``stop_details``; 0 never.
     :param compactions: likewise, answers that are a ``compaction`` block
         (``stop_reason`` ``compaction``).
+    :param stream_cuts: the share of streamed answers (seeded by their
+        content) whose connection drops midway, at a seeded byte after the
+        ``message_start`` event and before the end: no ``message_stop``, no
+        end of the body; 0 never, 1 always.
+    :param keep_reports: how many answers :attr:`reported` keeps.
 
     :ivar requests: the last requests received, oldest first, as
         :class:`ReceivedRequest`.
+    :ivar reported: what the upstream reported as usage, answer by answer
+        (the last ``keep_reports``) and in total by user and model
+        (:class:`~twisted_relay.simulated.usage.UsageTally`): a stream
+        counts what it sent before it ended, was cut or lost its client.
+    :ivar prompt_cache: today's prompt cache
+        (:class:`~twisted_relay.simulated.usage.PromptCache`).
     """
 
     def __init__(
@@ -169,10 +181,14 @@ class SimulatedUpstream:
         stream_errors: float = 0.0,
         refusals: float = 0.0,
         compactions: float = 0.0,
+        stream_cuts: float = 0.0,
+        keep_reports: int = 100,
     ):
         if api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}")
-        for name, share in (("stream_errors", stream_errors), ("refusals", refusals), ("compactions", compactions)):
+        shares = (("stream_errors", stream_errors), ("refusals", refusals), ("compactions", compactions),
+                  ("stream_cuts", stream_cuts))
+        for name, share in shares:
             if not 0.0 <= share <= 1.0:
                 raise ValueError(f"{name} must be between 0 and 1")
         if mode not in MODES:
@@ -205,6 +221,9 @@ class SimulatedUpstream:
         self.threads = SimulatedThreads(threads, lambda: self.reactor)
         self.api = api
         self.stream_errors = stream_errors
+        self.stream_cuts = stream_cuts
+        self.reported = UsageTally(keep_reports)
+        self.prompt_cache = PromptCache()
         self.rare = (("refusal", refusals), ("compaction", compactions))
         self.today: TodayRules | None = None
         if api == "2026-12":
@@ -284,14 +303,23 @@ class SimulatedUpstream:
             check_shape(body, for_count=for_count, system_role=self._is_today(body))
         return self.today.prepare(body, headers)
 
-    def _maybe_rare(self, message: dict, body: dict) -> dict:
+    def _maybe_rare(self, message: dict, body: dict, account: str) -> dict:
         """A refusal or a compaction instead, when the seeded draw says so."""
         draw = seeded_rng(self.options.seed, "rare", body.get("messages")).random()
         for kind, share in self.rare:
             if draw < share:
-                return rare_answer(message, kind, body)
+                fallback = fallback_model_of(body) if kind == "refusal" else None
+                # Caches are per model: the fallback model reads its own.
+                prompt = None if fallback is None else self._read_prompt(body, account, fallback)
+                return rare_answer(message, kind, body, prompt)
             draw -= share
         return message
+
+    def _read_prompt(self, body: dict, account: str, model: str):
+        """How ``model`` reads ``body``'s prompt through the prompt cache."""
+        return self.prompt_cache.read(
+            body, account=account, model=model, total=count_tokens(body), now=self.reactor.seconds()
+        )
 
     def answer(self, body: Any, headers: dict[str, str]) -> dict:
         """
@@ -326,9 +354,10 @@ class SimulatedUpstream:
             message = compose_answer(body, self.options)
         else:
             options = self.options if prepared.family is None else self._today_options
-            message = self.today.finish(compose_answer(prepared.body, options), prepared, body)
+            prompt = self._read_prompt(prepared.body, prepared.account, str(prepared.body.get("model")))
+            message = self.today.finish(compose_answer(prepared.body, options), prepared, body, prompt)
             if prepared.family is not None:
-                message = self._maybe_rare(message, prepared.body)
+                message = self._maybe_rare(message, prepared.body, prepared.account)
         if key is not None:
             self._ledger.record(key, declaration_ids(body["messages"]) + declaration_ids([message]))
         return message, turn
@@ -349,6 +378,13 @@ class SimulatedUpstream:
             return False
         return seeded_rng(self.options.seed, "stream error", message["content"]).random() < self.stream_errors
 
+    def drops_stream(self, message: dict) -> bool:
+        """Whether the connection of ``message``'s stream drops midway
+        (``stream_cuts``, seeded by the answer's content)."""
+        if not self.stream_cuts:
+            return False
+        return seeded_rng(self.options.seed, "stream cut", message["content"]).random() < self.stream_cuts
+
     def stream_pieces(
         self, message: dict, *, cut: bool = False, request_id: str | None = None
     ) -> list[tuple[float, bytes]]:
@@ -361,16 +397,65 @@ class SimulatedUpstream:
         :param cut: end the stream after its first block with an ``error``
             event (``overloaded_error``) carrying ``request_id``.
         """
+        return self.stream_plan(message, cut=cut, request_id=request_id).pieces
+
+    def stream_plan(
+        self, message: dict, *, cut: bool = False, drop: bool = False, request_id: str | None = None
+    ) -> "StreamPlan":
+        """
+        How ``message`` streams: its pieces (see :meth:`stream_pieces`),
+        where the connection drops (``drop``: at a byte drawn from the
+        answer's content, after ``message_start`` and before the end) and
+        what usage each prefix of the bytes reports.
+        """
         seed = self.options.seed
         key = message["id"] if self.api == "2025" else message["content"]
-        events = message_events(message, seeded_rng(seed, "deltas", key))
+        usage = message["usage"]
+        today = self.api != "2025"
+        reports = (start_usage(usage, today), delta_usage(usage, today))
+        events = message_events(message, seeded_rng(seed, "deltas", key), reports)
         if cut:
             first_stop = next(i for i, (name, _) in enumerate(events) if name == "content_block_stop")
             error = error_body("overloaded_error", "Overloaded", request_id or _request_id())
             events = [*events[: first_stop + 1], ("error", ujson.loads(error))]
         data, starts = encode_events(events, self.line_ending)
+        ends = [*starts[1:], len(data)]
+        # What the bytes up to the end of each usage event report.
+        reported = [(ends[0], reports[0])]
+        for index, (name, _) in enumerate(events):
+            if name == "message_delta":
+                reported.append((ends[index], {**reports[0], **reports[1]}))
+        if drop:
+            data = data[: seeded_rng(seed, "cut at", key).randrange(ends[0], len(data))]
+            starts = [start for start in starts if start < len(data)]
         rng = seeded_rng(seed, "chunks", key) if self.split else None
-        return [(index * self.event_delay, piece) for index, piece in plan_chunks(data, starts, rng)]
+        pieces = [(index * self.event_delay, piece) for index, piece in plan_chunks(data, starts, rng)]
+        return StreamPlan(pieces, drop, len(data) == ends[-1], reported)
+
+
+class StreamPlan(NamedTuple):
+    """
+    How one answer streams.
+
+    :ivar pieces: ``(seconds after the start, bytes)`` to write.
+    :ivar drop: the connection drops after the last piece (no end of body).
+    :ivar whole: the pieces hold every event, up to ``message_stop``.
+    :ivar reported: ``(offset, usage)``: the bytes up to ``offset`` report
+        ``usage`` (``message_start``'s, then with ``message_delta``'s laid over).
+    """
+
+    pieces: list[tuple[float, bytes]]
+    drop: bool
+    whole: bool
+    reported: list[tuple[int, dict]]
+
+    def usage_sent(self, sent: int) -> dict | None:
+        """The usage reported by the first ``sent`` bytes (``None``: none yet)."""
+        usage = None
+        for offset, reported in self.reported:
+            if sent >= offset:
+                usage = reported
+        return usage
 
 
 def list_models(query: dict[str, list[str]]) -> dict:
@@ -498,14 +583,17 @@ class _SimulatedResource(Resource):
                     "There was an error parsing the body of your request: expected JSON",
                 )
         if path == "/v1/messages":
-            message, turn = self._upstream.answer_turn(body, headers)
+            upstream = self._upstream
+            message, turn = upstream.answer_turn(body, headers)
             if isinstance(body, dict) and body.get("stream") is True:
-                cut = self._upstream.cuts_stream(message)
+                cut = upstream.cuts_stream(message)
+                drop = not cut and upstream.drops_stream(message)
                 request_id = request.responseHeaders.getRawHeaders(b"request-id")[0].decode("ascii")
-                pieces = self._upstream.stream_pieces(message, cut=cut, request_id=request_id)
-                return self._stream(request, pieces, message, None if turn is None else turn, cut)
+                plan = upstream.stream_plan(message, cut=cut, drop=drop, request_id=request_id)
+                return self._stream(request, plan, message, body, turn, cut)
             if turn is not None:
                 turn.answered(message)
+            upstream.reported.add(body, message, message["usage"], stream=False, whole=True)
             return self._ok(request, message)
         if path == "/v1/messages/count_tokens":
             return self._ok(request, self._upstream.count(body, headers))
@@ -527,16 +615,29 @@ class _SimulatedResource(Resource):
     def _stream(
         self,
         request: IRequest,
-        pieces: list[tuple[float, bytes]],
+        plan: StreamPlan,
         message: dict,
+        body: Any,
         turn: ThreadTurn | None,
         cut: bool = False,
     ) -> int:
         request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
         request.setHeader(b"cache-control", b"no-cache")
-        writer = _PacedWriter(request, pieces, self._upstream.reactor)
-        if turn is not None:
-            writer.on_end = lambda whole: turn.answered(message) if whole and not cut else turn.failed()
+        writer = _PacedWriter(request, plan.pieces, self._upstream.reactor, drop=plan.drop)
+        tally = self._upstream.reported
+
+        def ended(whole: bool) -> None:
+            complete = whole and plan.whole
+            if turn is not None:
+                if complete and not cut:
+                    turn.answered(message)
+                else:
+                    turn.failed()
+            usage = plan.usage_sent(writer.written)
+            if usage is not None:
+                tally.add(body, message, usage, stream=True, whole=complete)
+
+        writer.on_end = ended
         writer.start()
         return NOT_DONE_YET
 
@@ -565,11 +666,15 @@ class _PacedWriter:
     the connection pushes back and stopping when the client goes away.
     """
 
-    def __init__(self, request: IRequest, pieces: list[tuple[float, bytes]], clock: IReactorTime):
+    def __init__(self, request: IRequest, pieces: list[tuple[float, bytes]], clock: IReactorTime,
+                 drop: bool = False):
         self._request = request
         self._pieces = pieces
         self._clock = clock
+        self._drop = drop
         self._next = 0
+        #: The bytes written so far.
+        self.written = 0
         self._call: Any = None
         self._paused = False
         self._done = False
@@ -600,9 +705,15 @@ class _PacedWriter:
         piece = self._pieces[self._next][1]
         self._next += 1
         self._request.write(piece)
+        self.written += len(piece)
         if self._next == len(self._pieces):
             self._done = True
             self._request.unregisterProducer()
+            if self._drop:
+                # The connection drops: what was written goes, then nothing.
+                self._ended(False)
+                self._request.loseConnection()
+                return
             self._request.finish()
             self._ended(True)
         else:

@@ -71,14 +71,21 @@ def _block_events(index: int, block: dict, rng: random.Random) -> Iterator[tuple
     yield "content_block_stop", {"type": "content_block_stop", "index": index}
 
 
-def message_events(message: dict, rng: random.Random) -> list[tuple[str, dict]]:
+def message_events(
+    message: dict, rng: random.Random, usage: tuple[dict, dict] | None = None
+) -> list[tuple[str, dict]]:
     """
     The Anthropic SSE events that stream ``message``, in order: message_start,
     per block start/deltas/stop (a ping after the first start), message_delta,
     message_stop.  Text and tool input are cut into several deltas.
+
+    :param usage: the usage ``message_start`` and ``message_delta`` report;
+        by default the answer's with one output token, then its output tokens.
     """
+    if usage is None:
+        usage = (dict(message["usage"], output_tokens=1), {"output_tokens": message["usage"]["output_tokens"]})
     started = dict(message, content=[], stop_reason=None, stop_sequence=None)
-    started["usage"] = dict(message["usage"], output_tokens=1)
+    started["usage"] = usage[0]
     events: list[tuple[str, dict]] = [("message_start", {"type": "message_start", "message": started})]
     for index, block in enumerate(message["content"]):
         events.extend(_block_events(index, block, rng))
@@ -88,7 +95,7 @@ def message_events(message: dict, rng: random.Random) -> list[tuple[str, dict]]:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                "usage": {"output_tokens": message["usage"]["output_tokens"]},
+                "usage": usage[1],
             },
         )
     )

@@ -13,7 +13,9 @@ The Messages API as it runs today (December 2026), for the simulated upstream.
   assistant turns and non-empty ``citations`` on user text blocks;
   ``2023-06-01`` does not.
 - The answer's today shape: a fresh ``msg_`` id every time, today's usage
-  fields, ``stop_details``, and ``input_transformations`` with the binding beta.
+  (every field, :mod:`twisted_relay.simulated.usage`: the prompt cache's
+  reads and writes, ``iterations``, the speed and geography the request
+  chose), ``stop_details``, and ``input_transformations`` with the binding beta.
 
 Pure: no Twisted.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 from twisted_relay.simulated.base import blocks_of, messages_of, invalid, seeded_rng
 from twisted_relay.simulated.system_messages import check_system_messages
+from twisted_relay.simulated.usage import Prompt, sampling, today_usage
 from twisted_relay.simulated.thinking import (
     BINDING_BETA,
     Binding,
@@ -42,11 +45,13 @@ __all__ = [
     "DEFAULT_FALLBACK",
     "FALLBACK_BETA",
     "FAMILIES",
+    "FAST_FAMILIES",
     "VERSIONS",
     "Family",
     "Prepared",
     "TodayRules",
     "check_version",
+    "fallback_model_of",
     "family_of",
     "fresh_message_id",
     "rare_answer",
@@ -114,6 +119,10 @@ FAMILIES = {
 }
 
 _ACCOUNT_BOUND = frozenset(family.name for family in FAMILIES.values() if family.account_bound)
+
+#: The families that run ``speed: "fast"`` (others run it at standard speed).
+FAST_FAMILIES = frozenset({"fable-5.2", "mythos-5.2", "opus-5.5"})
+_GEOGRAPHIES = ("global", "us")
 
 
 def family_of(model: Any) -> Family | None:
@@ -315,6 +324,10 @@ class TodayRules:
         :raises Rejection: with the API's 400 where it refuses the request.
         """
         check_version(body, headers.get("anthropic-version"))
+        if body.get("inference_geo") not in (None, *_GEOGRAPHIES):
+            raise invalid("inference_geo: Input should be 'global' or 'us'")
+        if body.get("speed") not in (None, "standard", "fast"):
+            raise invalid("speed: Input should be 'standard' or 'fast'")
         betas = _betas(headers)
         beta = BINDING_BETA in betas
         account = self.account_of(headers)
@@ -346,11 +359,14 @@ class TodayRules:
             thinks = False
         return Prepared(bound.body, family, thinks, plan.display, bound, beta, account)
 
-    def finish(self, message: dict, prepared: Prepared, sent: dict) -> dict:
+    def finish(self, message: dict, prepared: Prepared, sent: dict, prompt: Prompt | None = None) -> dict:
         """
         Give the fake model's answer today's shape: its thinking block (signed
         for the prefix ``sent``, the request as the client sent it), a fresh
         id, today's usage fields and ``input_transformations``.
+
+        :param prompt: how the prompt was read through the cache (``None``:
+            without it).
         """
         content = list(message["content"])
         thinking_tokens = 0
@@ -372,17 +388,21 @@ class TodayRules:
                     prefix=answer_prefix(sent),
                 ),
             })
-        searches = sum(1 for block in content if block.get("type") == "server_tool_use")
-        usage = dict(message["usage"])
-        usage.update(
-            output_tokens=usage["output_tokens"] + thinking_tokens,
-            cache_creation_input_tokens=0,
-            cache_read_input_tokens=0,
-            cache_creation={"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
-            server_tool_use={"web_search_requests": searches, "web_fetch_requests": 0},
-            output_tokens_details={"thinking_tokens": thinking_tokens},
-            service_tier="standard",
-            inference_geo="global",
+        tools = [block.get("name") for block in content if block.get("type") == "server_tool_use"]
+        if prompt is None:
+            prompt = Prompt.uncached(message["usage"]["input_tokens"])
+        output = message["usage"]["output_tokens"] + thinking_tokens
+        speed = sent.get("speed")
+        if speed is not None:
+            family = prepared.family
+            speed = "fast" if speed == "fast" and family is not None and family.name in FAST_FAMILIES else "standard"
+        usage = today_usage(
+            [sampling(prompt, output, "message")],
+            thinking_tokens=thinking_tokens,
+            web_search_requests=tools.count("web_search"),
+            web_fetch_requests=tools.count("web_fetch"),
+            inference_geo=sent.get("inference_geo") or "global",
+            speed=speed,
         )
         answer = dict(message, id=fresh_message_id(), content=content, stop_details=None, usage=usage)
         if prepared.beta and prepared.family is not None:
@@ -391,6 +411,11 @@ class TodayRules:
 
 
 # -- rare answers -------------------------------------------------------------
+
+
+def fallback_model_of(body: Any) -> str | None:
+    """The model a refused turn of ``body`` falls back to (its ``fallbacks``), or ``None``."""
+    return _fallback_model(body.get("fallbacks") if isinstance(body, dict) else None)
 
 
 def _fallback_model(fallbacks: Any) -> str | None:
@@ -402,9 +427,11 @@ def _fallback_model(fallbacks: Any) -> str | None:
     return None
 
 
-def rare_answer(message: dict, kind: str, body: dict | None = None) -> dict:
+def rare_answer(message: dict, kind: str, body: dict | None = None, fallback_prompt: Prompt | None = None) -> dict:
     """
-    ``message`` turned into a rarer answer of today's API.
+    ``message`` turned into a rarer answer of today's API, its usage
+    ``iterations`` saying so: the declined attempt and the fallback
+    model's (``fallback_message``), or the compaction and the answer.
 
     :param kind: ``"refusal"`` (a classifier stopped the answer:
         ``stop_reason`` ``refusal`` with ``stop_details``; when the request
@@ -413,6 +440,8 @@ def rare_answer(message: dict, kind: str, body: dict | None = None) -> dict:
         context: a ``compaction`` block alone, ``stop_reason`` ``compaction``;
         send it back and go on).
     :param body: the request (its ``fallbacks``).
+    :param fallback_prompt: how the fallback model read the prompt through
+        its cache (``None``: as the first model did).
     """
     rng = seeded_rng(kind, message["content"])
     category = rng.choice(("cyber", "general_harms"))
@@ -421,11 +450,18 @@ def rare_answer(message: dict, kind: str, body: dict | None = None) -> dict:
         served = [block for block in message["content"] if block.get("type") not in ("thinking", "redacted_thinking")]
         marker = {"type": "fallback", "from": {"model": message["model"]}, "to": {"model": fallback},
                   "trigger": {"type": "refusal", "category": category}}
-        usage = dict(message["usage"])
-        tokens = {key: usage.get(key, 0) for key in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-                                                     "cache_read_input_tokens")}
-        usage["iterations"] = [dict(tokens, type="message", model=message["model"], output_tokens=1),
-                               dict(tokens, type="fallback_message", model=fallback)]
+        usage = message["usage"]
+        first = usage["iterations"][0]
+        # The declined attempt read the prompt and said nothing; the
+        # fallback model wrote the answer, without the thinking left out.
+        thinking_tokens = usage["output_tokens_details"]["thinking_tokens"]
+        if fallback_prompt is None:
+            fallback_prompt = _prompt_of(first)
+        iterations = [
+            dict(first, model=message["model"], output_tokens=1),
+            sampling(fallback_prompt, first["output_tokens"] - thinking_tokens, "fallback_message", fallback),
+        ]
+        usage = _retold(usage, iterations, thinking_tokens=0)
         return dict(message, model=fallback, content=[marker, *served], usage=usage)
     if kind == "refusal":
         return dict(
@@ -440,10 +476,43 @@ def rare_answer(message: dict, kind: str, body: dict | None = None) -> dict:
         )
     if kind == "compaction":
         opaque = "".join(rng.choice(_BASE62) for _ in range(48))
+        summary = "Summary: the tools were called in turn; all went well."
+        usage = message["usage"]
+        first = usage["iterations"][0]
+        prompt = _prompt_of(first)
+        written = len(summary) // 4 + 1
+        # The compaction read the whole prompt and wrote the summary; its
+        # counts are outside the top level, as the API documents.
+        iterations = [
+            sampling(Prompt.uncached(prompt.input_tokens + prompt.cache_read + prompt.cache_write_5m
+                                     + prompt.cache_write_1h), written, "compaction"),
+            dict(first, output_tokens=written),
+        ]
         return dict(
             message,
-            content=[{"type": "compaction", "content": "Summary: the tools were called in turn; all went well.",
-                      "encrypted_content": opaque}],
+            content=[{"type": "compaction", "content": summary, "encrypted_content": opaque}],
             stop_reason="compaction",
+            usage=_retold(usage, iterations, thinking_tokens=0, web_search_requests=0),
         )
     raise ValueError(f"unknown rare answer {kind!r}")
+
+
+def _prompt_of(entry: dict) -> Prompt:
+    """How the sampling of a usage entry read its prompt."""
+    split = entry["cache_creation"]
+    return Prompt(entry["input_tokens"], entry["cache_read_input_tokens"],
+                  split["ephemeral_5m_input_tokens"], split["ephemeral_1h_input_tokens"])
+
+
+def _retold(usage: dict, iterations: list[dict], **changes: Any) -> dict:
+    """``usage`` with other ``iterations`` (the top level summed again), the rest kept unless changed."""
+    tools = usage["server_tool_use"]
+    settings = dict(
+        thinking_tokens=usage["output_tokens_details"]["thinking_tokens"],
+        web_search_requests=tools["web_search_requests"],
+        web_fetch_requests=tools["web_fetch_requests"],
+        inference_geo=usage["inference_geo"],
+        speed=usage.get("speed"),
+    )
+    settings.update(changes)
+    return today_usage(iterations, **settings)

@@ -517,8 +517,17 @@ class RequestTranslation:
         return self._table
 
     @property
+    def entries(self) -> int:
+        """How many ids the table holds (declarations and references)."""
+        return len(self._rows) // ROW
+
+    @property
     def repairs(self) -> list[Entry]:
         """The declarations sent upstream under a repaired id."""
+        if not any(self._rows[ROW_REPAIRED::ROW]):
+            # None (a reference is marked only when its declaration is):
+            # no table to build for a large history.
+            return []
         return self.table.repairs
 
     @property
@@ -537,9 +546,53 @@ class RequestTranslation:
         """A fresh :class:`ResponseTranslator` for one response to this request."""
         return ResponseTranslator(self._history)
 
+    def parts(self, size: int = 20_000) -> tuple[tuple, list[tuple]]:
+        """
+        This translation as plain values, for another process: a head and
+        parts of at most ``size`` values each. :meth:`assembled` and
+        :meth:`add_part` put it together again a part at a time, in order,
+        so that no one step is long. The body is not in them (it is sent as
+        bytes).
+        """
+        history = self._history
+        parts: list[tuple] = []
+        for name, values in (
+            ("rows", self._rows),
+            ("thinking", history.thinking),
+            ("declared", list(history.declared.items())),
+            ("counts", list(history.counts.items())),
+            ("upstream_ids", list(history.upstream_ids)),
+            ("upstream_to_client", list(history.upstream_to_client.items())),
+        ):
+            for start in range(0, len(values), size):
+                parts.append((name, values[start:start + size]))
+        return (self.policy, self.changed, self.thinking_disabled), parts
+
+    @classmethod
+    def assembled(cls, rules: UpstreamRules, head: tuple) -> RequestTranslation:
+        """
+        The translation :meth:`parts` gave ``head`` of, made for ``rules``,
+        empty until every part is added (:meth:`add_part`).
+        """
+        policy, changed, thinking_disabled = head
+        history = _History(rules)
+        return cls(policy, None, changed, history, history.rows, thinking_disabled)
+
+    def add_part(self, part: tuple) -> None:
+        """Add one of the parts :meth:`parts` gave."""
+        name, values = part
+        history = self._history
+        if name in ("rows", "thinking"):
+            getattr(history, name).extend(values)
+        elif name == "upstream_ids":
+            history.upstream_ids.update(values)
+        elif name in ("declared", "counts", "upstream_to_client"):
+            getattr(history, name).update(values)
+        else:
+            raise ValueError(f"not a part of a translation: {name!r}")
+
     def __repr__(self) -> str:
-        return "<RequestTranslation policy=%s changed=%s entries=%d>" % (
-            self.policy, self.changed, len(self._rows) // ROW)
+        return "<RequestTranslation policy=%s changed=%s entries=%d>" % (self.policy, self.changed, self.entries)
 
 
 

@@ -1,0 +1,531 @@
+# -*- test-case-name: tests.test_ledger_sql -*-
+"""
+The usage ledger's database: its schema, its writes and its reads, the same
+for SQLite (the standard library's ``sqlite3``, the embedded default) and
+PostgreSQL (psycopg 3, ``pip install 'twisted-relay[postgres]'``).
+
+One row a relayed request (:class:`~twisted_relay.usage.UsageRecord`), keyed
+by the relay's request id, so that a batch written again after a failure
+that left its outcome unknown counts nothing twice. :func:`open_ledger` names
+a database by the ``--usage-db`` value (a file path, ``sqlite:PATH`` or a
+``postgresql://`` URL); :class:`LedgerDatabase` writes batches
+(:meth:`~LedgerDatabase.write`), prunes old rows and adds up usage by key,
+group, model, session, day or upstream over a time range
+(:meth:`~LedgerDatabase.totals`, :meth:`~LedgerDatabase.spent`).
+
+Every call blocks: the ledger service (:mod:`twisted_relay.ledger`) makes
+them on its own thread, ``twisted-relay-usage`` directly. No Twisted here.
+Errors are :class:`LedgerError`, one line that never holds a password.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Iterable, Sequence
+from urllib.parse import unquote, urlsplit
+
+from twisted_relay.redact import redact_text
+from twisted_relay.usage import TOKEN_KINDS, UsageRecord
+
+__all__ = [
+    "GROUPINGS",
+    "POSTGRES_EXTRA",
+    "SCHEMA_VERSION",
+    "LedgerDatabase",
+    "LedgerError",
+    "Totals",
+    "describe_database",
+    "is_postgres",
+    "open_ledger",
+]
+
+#: Version of the tables' layout, kept in the database; bumped on any change.
+SCHEMA_VERSION = 1
+#: What installs the PostgreSQL driver.
+POSTGRES_EXTRA = "pip install 'twisted-relay[postgres]'"
+#: What a report may add up by, and the column each reads.
+GROUPINGS = {
+    "key": "key_name",
+    "group": "key_group",
+    "model": "model",
+    "session": "session_id",
+    "agent": "agent_id",
+    "upstream": "upstream",
+    "day": "day",
+}
+
+# One cost unit is a billionth of a US dollar: integers add up exactly in
+# both databases (SQLite has no decimal type), and today's smallest price,
+# a few cents per million tokens, is still a whole number of them per token.
+_NANO = Decimal("1e-9")
+_POSTGRES_SCHEMES = ("postgresql", "postgres")
+# Seconds to connect to PostgreSQL, and to wait for SQLite's write lock.
+_CONNECT_TIMEOUT = 5
+_BUSY_TIMEOUT_MS = 5000
+# Milliseconds PostgreSQL may leave sent data unacknowledged before the
+# connection counts as broken.
+_TCP_USER_TIMEOUT_MS = 15000
+# Serialises schema creation among relays starting at once (any constant).
+_SCHEMA_LOCK = 7_337_004_217
+
+_COLUMNS = (
+    ("request_id", "TEXT PRIMARY KEY"),
+    ("at", "DOUBLE PRECISION NOT NULL"),
+    ("day", "TEXT NOT NULL"),
+    ("key_name", "TEXT"),
+    ("key_group", "TEXT"),
+    ("session_id", "TEXT"),
+    ("agent_id", "TEXT"),
+    ("parent_agent_id", "TEXT"),
+    ("upstream", "TEXT NOT NULL"),
+    ("model", "TEXT NOT NULL"),
+    ("status", "INTEGER NOT NULL"),
+    ("stream", "SMALLINT NOT NULL"),
+    ("partial", "SMALLINT NOT NULL"),
+    *((kind, "BIGINT NOT NULL") for kind in TOKEN_KINDS),
+    ("cost_nano_usd", "BIGINT"),
+    ("usage_json", "TEXT NOT NULL"),
+)
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS relay_usage_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS relay_usage (%s)" % (", ".join("%s %s" % c for c in _COLUMNS),),
+    "CREATE INDEX IF NOT EXISTS relay_usage_at ON relay_usage (at)",
+    "CREATE INDEX IF NOT EXISTS relay_usage_key_at ON relay_usage (key_name, at)",
+    "CREATE INDEX IF NOT EXISTS relay_usage_group_at ON relay_usage (key_group, at)",
+)
+_INSERT = "INSERT INTO relay_usage (%s) VALUES (%s) ON CONFLICT (request_id) DO NOTHING" % (
+    ", ".join(name for name, _ in _COLUMNS),
+    ", ".join("?" for _ in _COLUMNS),
+)
+
+
+class LedgerError(Exception):
+    """
+    The ledger's database cannot be used (unreachable, refused, a driver
+    missing, not a ledger); its text is one line and holds no password.
+    """
+
+
+@dataclass(frozen=True)
+class Totals:
+    """
+    The usage of a group of requests.
+
+    :ivar group: the value of each grouping asked for, by name
+        (:data:`GROUPINGS`); ``None`` where the requests had none (no key).
+    :ivar requests: how many requests.
+    :ivar tokens: a sum for every kind of :data:`~twisted_relay.usage.TOKEN_KINDS`.
+    :ivar cost: their cost in US dollars (of the priced ones).
+    :ivar unpriced: requests whose model had no price (not in :attr:`cost`).
+    :ivar partial: requests whose answer ended early.
+    :ivar first: when the first arrived (Unix time).
+    :ivar last: when the last arrived.
+    """
+
+    group: dict
+    requests: int
+    tokens: dict = field(default_factory=dict)
+    cost: Decimal = Decimal(0)
+    unpriced: int = 0
+    partial: int = 0
+    first: float | None = None
+    last: float | None = None
+
+
+def is_postgres(target: str) -> bool:
+    """Whether a ``--usage-db`` value names a PostgreSQL database."""
+    return target.split("://", 1)[0].lower() in _POSTGRES_SCHEMES and "://" in target
+
+
+def sqlite_path(target: str) -> str:
+    """
+    The file a ``--usage-db`` value that is not PostgreSQL names: ``PATH``
+    or ``sqlite:PATH`` (``sqlite:///abs/path`` too).
+
+    :raises LedgerError: for another ``scheme://``.
+    """
+    if target.startswith("sqlite:"):
+        rest = target[len("sqlite:"):]
+        path = rest[2:] if rest.startswith("//") else rest
+    elif "://" in target:
+        raise LedgerError(
+            "--usage-db must be a file path (SQLite) or a postgresql:// URL, not a %s:// URL"
+            % (target.split("://", 1)[0][:20],)
+        )
+    else:
+        path = target
+    if not path:
+        raise LedgerError("--usage-db sqlite: names no file")
+    return path
+
+
+def describe_database(target: str) -> str:
+    """A ``--usage-db`` value fit for logs: no password, no query (which may hold one)."""
+    if not is_postgres(target):
+        try:
+            return "sqlite:" + os.path.abspath(sqlite_path(target))
+        except LedgerError:
+            return "(not a database)"
+    parts = urlsplit(target)
+    try:
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "%s://(not a URL)" % (parts.scheme,)
+    user = "%s@" % (parts.username,) if parts.username else ""
+    if ":" in host:
+        host = "[%s]" % (host,)
+    return "%s://%s%s%s%s" % (parts.scheme, user, host, ":%d" % port if port else "", parts.path)
+
+
+def open_ledger(target: str, *, create: bool = True) -> "LedgerDatabase":
+    """
+    The ledger ``target`` (a ``--usage-db`` value) names, not yet connected
+    (:meth:`LedgerDatabase.open` connects).
+
+    :param create: the relay's: make the file and the tables if missing.
+        ``False`` (reports): the ledger must exist already.
+    :raises LedgerError: for a value that names no database, or
+        ``postgresql://`` without psycopg installed.
+    """
+    if is_postgres(target):
+        return PostgresLedger(target, create=create)
+    return SQLiteLedger(sqlite_path(target), create=create)
+
+
+def _day(at: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(at))
+
+
+def _nanos(cost: Decimal | None) -> int | None:
+    if cost is None:
+        return None
+    return int((cost / _NANO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+
+def _dollars(nanos) -> Decimal:
+    return (Decimal(int(nanos or 0)) * _NANO).normalize() if nanos else Decimal(0)
+
+
+def _row(record: UsageRecord) -> tuple:
+    """A record as the table's columns, in order."""
+    return (
+        record.request_id,
+        float(record.at),
+        _day(record.at),
+        record.key_name,
+        record.key_group,
+        record.session_id,
+        record.agent_id,
+        record.parent_agent_id,
+        record.upstream,
+        record.model,
+        int(record.status),
+        int(bool(record.stream)),
+        int(bool(record.partial)),
+        *(int(record.tokens.get(kind, 0)) for kind in TOKEN_KINDS),
+        _nanos(record.cost),
+        record.usage or "",
+    )
+
+
+class LedgerDatabase:
+    """
+    One connection to a ledger, made again after a failure. Not thread-safe:
+    one thread at a time (the ledger service's writer).
+
+    :ivar description: the database, fit for logs (:func:`describe_database`).
+    """
+
+    #: The driver's placeholder for a parameter.
+    placeholder = "?"
+
+    def __init__(self, description: str, *, create: bool = True, secrets: Sequence[str] = ()):
+        self.description = description
+        self._create = create
+        self._secrets = tuple(s for s in secrets if s)
+        self._connection = None
+
+    # -- what each database does its own way
+
+    def _connect(self):
+        raise NotImplementedError
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        raise NotImplementedError
+
+    def _lock_schema(self, cursor) -> None:
+        """Keep other relays from creating the tables at the same time (inside the transaction)."""
+
+    def _has_table(self, cursor) -> bool:
+        raise NotImplementedError
+
+    # -- the same for both
+
+    def open(self) -> None:
+        """Connect, and make the tables if they are missing (idempotent)."""
+        self._run(self._check_schema)
+
+    def close(self) -> None:
+        """Let go of the connection (the next call connects again)."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:
+                pass
+
+    def write(self, records: Sequence[UsageRecord]) -> int:
+        """
+        Write ``records`` in one transaction; a request already in the
+        ledger (the same request id) is left as it is.
+
+        :return: the rows added.
+        """
+        rows = [_row(record) for record in records]
+
+        def insert(connection):
+            cursor = connection.cursor()
+            cursor.executemany(self._sql(_INSERT), rows)
+            # (Both drivers sum the rows each statement added.)
+            return max(cursor.rowcount, 0)
+
+        return self._run(insert)
+
+    def prune(self, before: float) -> int:
+        """Delete the rows of requests that arrived before ``before`` (Unix time); return how many."""
+
+        def delete(connection):
+            cursor = connection.cursor()
+            cursor.execute(self._sql("DELETE FROM relay_usage WHERE at < ?"), (float(before),))
+            return max(cursor.rowcount, 0)
+
+        return self._run(delete)
+
+    def totals(
+        self,
+        by: Iterable[str] = (),
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        key_name: str | None = None,
+        key_group: str | None = None,
+    ) -> list[Totals]:
+        """
+        Usage added up by the groupings ``by`` (names of :data:`GROUPINGS`,
+        in order; none: one line for everything), over the requests that
+        arrived in ``[since, until)`` (Unix times; ``None``: unbounded), of
+        one key or group if given; sorted by the groupings' values.
+
+        :raises LedgerError: for an unknown grouping.
+        """
+        by = tuple(by)
+        unknown = [name for name in by if name not in GROUPINGS]
+        if unknown:
+            raise LedgerError(
+                "cannot add up usage by %s (known: %s)" % (", ".join(unknown), ", ".join(GROUPINGS))
+            )
+        columns = [GROUPINGS[name] for name in by]
+        where, parameters = _conditions(since, until, key_name, key_group)
+        sums = ", ".join("SUM(%s)" % (kind,) for kind in TOKEN_KINDS)
+        query = (
+            "SELECT %s COUNT(*), %s, SUM(cost_nano_usd), "
+            "SUM(CASE WHEN cost_nano_usd IS NULL THEN 1 ELSE 0 END), SUM(partial), MIN(at), MAX(at) "
+            "FROM relay_usage%s%s"
+        ) % (
+            "".join(column + ", " for column in columns),
+            sums,
+            where,
+            " GROUP BY " + ", ".join(columns) if columns else "",
+        )
+
+        def select(connection):
+            cursor = connection.cursor()
+            cursor.execute(self._sql(query), parameters)
+            return cursor.fetchall()
+
+        found = []
+        for row in self._run(select):
+            group = dict(zip(by, row[: len(by)]))
+            row = row[len(by):]
+            if not row[0]:
+                continue  # no request at all: no line
+            kinds = row[1 : 1 + len(TOKEN_KINDS)]
+            cost, unpriced, partial, first, last = row[1 + len(TOKEN_KINDS):]
+            found.append(
+                Totals(
+                    group=group,
+                    requests=int(row[0]),
+                    tokens={kind: int(value or 0) for kind, value in zip(TOKEN_KINDS, kinds)},
+                    cost=_dollars(cost),
+                    unpriced=int(unpriced or 0),
+                    partial=int(partial or 0),
+                    first=first,
+                    last=last,
+                )
+            )
+        found.sort(key=lambda t: tuple((v is not None, v or "") for v in t.group.values()))
+        return found
+
+    def spent(self, since: float | None = None, *, key_name: str | None = None, key_group: str | None = None) -> Decimal:
+        """What was spent (US dollars, priced requests) since ``since``, by one key, one group or all."""
+        where, parameters = _conditions(since, None, key_name, key_group)
+
+        def select(connection):
+            cursor = connection.cursor()
+            cursor.execute(self._sql("SELECT SUM(cost_nano_usd) FROM relay_usage" + where), parameters)
+            return cursor.fetchone()[0]
+
+        return _dollars(self._run(select))
+
+    def _sql(self, text: str) -> str:
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    def _check_schema(self, connection) -> None:
+        cursor = connection.cursor()
+        if not self._create:
+            if not self._has_table(cursor):
+                raise LedgerError("%s holds no usage ledger (no relay has written to it)" % (self.description,))
+        else:
+            self._lock_schema(cursor)
+            for statement in _SCHEMA:
+                cursor.execute(statement)
+        cursor.execute(self._sql("SELECT value FROM relay_usage_meta WHERE name = ?"), ("schema_version",))
+        found = cursor.fetchone()
+        if found is None and self._create:
+            cursor.execute(
+                self._sql("INSERT INTO relay_usage_meta (name, value) VALUES (?, ?)"), ("schema_version", str(SCHEMA_VERSION))
+            )
+        elif found is not None and int(found[0]) > SCHEMA_VERSION:
+            raise LedgerError(
+                "%s was written by a newer twisted-relay (ledger schema %s; this one knows %d)"
+                % (self.description, found[0], SCHEMA_VERSION)
+            )
+        connection.commit()
+
+    def _run(self, work):
+        """
+        Run ``work(connection)`` in one transaction, committed; on a database
+        error, drop the connection and raise :class:`LedgerError`.
+        """
+        try:
+            if self._connection is None:
+                self._connection = self._connect()
+            result = work(self._connection)
+            self._connection.commit()
+            return result
+        except LedgerError:
+            self.close()
+            raise
+        except self._errors() as e:
+            self.close()
+            raise LedgerError(self._one_line(e)) from None
+
+    def _one_line(self, error: BaseException) -> str:
+        text = " ".join(str(error).split()) or error.__class__.__name__
+        return "%s: %s" % (self.description, redact_text(text, self._secrets))
+
+
+def _conditions(since, until, key_name, key_group) -> tuple[str, tuple]:
+    clauses, parameters = [], []
+    for clause, value in (("at >= ?", since), ("at < ?", until), ("key_name = ?", key_name), ("key_group = ?", key_group)):
+        if value is not None:
+            clauses.append(clause)
+            parameters.append(float(value) if clause.startswith("at") else value)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(parameters)
+
+
+class SQLiteLedger(LedgerDatabase):
+    """
+    A ledger in one SQLite file, in WAL mode: a process killed mid-write
+    leaves the file whole (the batch it was writing is not in it), and
+    several processes (``--workers``) write to it in turn.
+    """
+
+    def __init__(self, path: str, *, create: bool = True, busy_timeout_ms: int = _BUSY_TIMEOUT_MS):
+        super().__init__("sqlite:" + os.path.abspath(path), create=create)
+        self.path = path
+        self._busy_timeout_ms = busy_timeout_ms
+
+    def _connect(self):
+        from urllib.parse import quote
+
+        mode = "rwc" if self._create else "rw"
+        uri = "file:%s?mode=%s" % (quote(os.path.abspath(self.path)), mode)
+        try:
+            connection = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout_ms / 1000.0, check_same_thread=False)
+        except sqlite3.OperationalError as e:
+            if not self._create and not os.path.exists(self.path):
+                raise LedgerError("%s: no such file" % (self.description,)) from None
+            raise LedgerError(self._one_line(e)) from None
+        try:
+            # WAL: whole after a crash, readers never wait for the writer.
+            # NORMAL: a committed batch survives a process killed at any
+            # point; only a power loss may undo the last ones.
+            if self._create:
+                connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")
+            connection.execute("PRAGMA busy_timeout=%d" % (int(self._busy_timeout_ms),))
+        except sqlite3.Error:
+            connection.close()
+            raise
+        return connection
+
+    def _errors(self):
+        return (sqlite3.Error, OSError)
+
+    def _lock_schema(self, cursor) -> None:
+        cursor.execute("BEGIN IMMEDIATE")
+
+    def _has_table(self, cursor) -> bool:
+        cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'relay_usage'")
+        return cursor.fetchone() is not None
+
+
+class PostgresLedger(LedgerDatabase):
+    """A ledger in a PostgreSQL database, which several relays share."""
+
+    placeholder = "%s"
+
+    def __init__(self, url: str, *, create: bool = True):
+        parts = urlsplit(url)
+        password = unquote(parts.password) if parts.password else None
+        super().__init__(describe_database(url), create=create, secrets=(password,) if password else ())
+        self.url = url
+        try:
+            import psycopg
+        except ImportError:
+            raise LedgerError(
+                "--usage-db postgresql://... needs the PostgreSQL driver, psycopg: %s" % (POSTGRES_EXTRA,)
+            ) from None
+        self._psycopg = psycopg
+
+    def _connect(self):
+        # A server that vanishes mid-write (a network cut) fails the write
+        # within seconds instead of the system's TCP timeout, so that the
+        # writer goes back to queueing and a stop is not held up for long.
+        return self._psycopg.connect(
+            self.url,
+            connect_timeout=_CONNECT_TIMEOUT,
+            application_name="twisted-relay",
+            autocommit=False,
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+            tcp_user_timeout=_TCP_USER_TIMEOUT_MS,
+        )
+
+    def _errors(self):
+        return (self._psycopg.Error, OSError)
+
+    def _lock_schema(self, cursor) -> None:
+        cursor.execute("SELECT pg_advisory_xact_lock(%d)" % (_SCHEMA_LOCK,))
+
+    def _has_table(self, cursor) -> bool:
+        cursor.execute("SELECT to_regclass('relay_usage') IS NOT NULL")
+        return bool(cursor.fetchone()[0])
