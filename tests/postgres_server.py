@@ -114,13 +114,14 @@ class PostgresServer:
 
     def start(self, timeout: float = 30.0) -> None:
         """Start it and wait (bounded) until it accepts connections."""
-        self._process = subprocess.Popen(
-            [os.path.join(BIN, "postgres"), "-D", self.data, "-p", str(self.port), "-c", "listen_addresses=127.0.0.1",
-             "-c", "unix_socket_directories=", "-c", "fsync=off", "-c", "max_connections=50"],
-            preexec_fn=self._demote,
-            stdout=subprocess.DEVNULL,
-            stderr=open(os.path.join(self.folder, "server.log"), "ab"),
-        )
+        with open(os.path.join(self.folder, "server.log"), "ab") as log:
+            self._process = subprocess.Popen(
+                [os.path.join(BIN, "postgres"), "-D", self.data, "-p", str(self.port), "-c", "listen_addresses=127.0.0.1",
+                 "-c", "unix_socket_directories=", "-c", "fsync=off", "-c", "max_connections=50"],
+                preexec_fn=self._demote,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         deadline = time.monotonic() + timeout
         while True:
             try:

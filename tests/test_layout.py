@@ -32,7 +32,7 @@ LAYERS = (
     ("Twisted's internals", ("_twisted",)),
     (
         "pure values and rules",
-        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage", "prices", "metering", "relay_keys"),
+        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage", "prices", "metering", "relay_keys", "usage_page"),
     ),
     ("message threads", ("message_threads",)),
     ("whole-body work", ("body_work", "body_worker", "body_pool")),
@@ -40,7 +40,7 @@ LAYERS = (
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream")),
     ("streaming", ("sse_events", "sse")),
     ("records", ("dumps", "metrics", "ledger_sql", "ledger")),
-    ("the request path", ("drain", "pacing", "answer", "attempts", "relayed_request", "app", "site")),
+    ("the request path", ("drain", "pacing", "answer", "attempts", "relayed_request", "app", "site", "admin")),
     ("tools", ("replay", "demo", "simulated", "ledger_report")),
     ("the process", ("gctuning", "service", "workers", "worker_process", "tap")),
 )

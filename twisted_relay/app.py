@@ -32,6 +32,7 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from twisted_relay._json import to_json
 from twisted_relay._version import __version__
+from twisted_relay.admin import usage_page
 from twisted_relay.answer import (
     JSON_CONTENT_TYPE,
     error_answer,
@@ -44,6 +45,7 @@ from twisted_relay.errors import RelayError
 from twisted_relay.message_threads.turns import ThreadKeeper, keeper_for
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.pacing import StartPacer
+from twisted_relay.relay_keys import key_pairs
 from twisted_relay.relayed_request import (
     COUNT_TOKENS,
     MESSAGES,
@@ -118,7 +120,8 @@ class RelayApp:
             dumps=dumps,
             threads=self.threads,
             secrets=config.secrets(),
-            relay_keys=tuple((relay_key.key.encode("utf-8"), relay_key) for relay_key in config.relay_keys),
+            relay_keys=key_pairs(config.relay_keys),
+            admin_keys=key_pairs(config.admin_keys),
             router=router if router is not None else Router(config, reactor),
             clients=clients,
             retry=RetryRule.from_config(config),
@@ -222,6 +225,15 @@ class RelayApp:
             raise NotFound()
         stamp_request_id(request)
         return self.metrics.resource()
+
+    @app.route("/admin/usage", methods=["GET"])
+    async def admin_usage(self, request):
+        """The usage page: spend per relay key and per day against its cap (admin key)."""
+        stamp_request_id(request)
+        try:
+            return await usage_page(self._context, request)
+        except RelayError as e:
+            return error_answer(request, e)
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):

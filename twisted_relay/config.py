@@ -237,6 +237,10 @@ class RelayConfig:
         ``Authorization: Bearer``), each with the name of its user
         (:class:`RelayKey`; a plain string is a key named by its digest);
         empty lets every client in. A relay key is never forwarded upstream.
+    :ivar admin_keys: keys that open the relay's admin pages and endpoints
+        (``/admin/...``, ``/v1/organizations/...``), each named; never
+        accepted on the Messages routes, never forwarded upstream. Empty:
+        no admin endpoint answers.
     :ivar max_concurrent: requests relayed upstream at once; past it the
         relay answers ``529 overloaded_error`` at once. 0 for no limit.
     :ivar retries: times a request is sent again after a failure before any
@@ -325,6 +329,7 @@ class RelayConfig:
     total_timeout: float = 0.0
     request_read_timeout: float = 120.0
     relay_keys: tuple[RelayKey, ...] = ()
+    admin_keys: tuple[RelayKey, ...] = ()
     max_concurrent: int = 4096
     retries: int = 0
     retry_statuses: tuple[int, ...] = (429, 500, 502, 503, 504, 529)
@@ -357,6 +362,7 @@ class RelayConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "relay_keys", tuple(_relay_key(key) for key in self.relay_keys))
+        object.__setattr__(self, "admin_keys", tuple(_relay_key(key) for key in self.admin_keys))
         object.__setattr__(self, "upstreams", tuple(self.upstreams))
         if not self.upstreams:
             raise ValueError("a relay needs at least one upstream")
@@ -368,7 +374,7 @@ class RelayConfig:
             if not f.repr:
                 continue
             value = getattr(self, f.name)
-            if f.name == "relay_keys":
+            if f.name in ("relay_keys", "admin_keys"):
                 value = "<%d keys>" % (len(value),)
             elif f.name == "usage_db" and value is not None:
                 value = _without_password(value)
@@ -405,15 +411,14 @@ class RelayConfig:
     def secrets(self) -> tuple[str, ...]:
         """Every key this configuration holds, for redaction."""
         pools = tuple(key for upstream in self.upstreams for key in upstream.keys)
-        relay_keys = tuple(relay_key.key for relay_key in self.relay_keys)
+        relay_keys = tuple(relay_key.key for relay_key in self.relay_keys + self.admin_keys)
         return tuple(dict.fromkeys(s for s in pools + relay_keys if s))
 
     def to_dict(self) -> dict:
         """Every setting as plain JSON-able values (keys included: keep it private)."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-        values["relay_keys"] = [
-            {"key": k.key, "name": k.name, "group": k.group} for k in self.relay_keys
-        ]
+        for name in ("relay_keys", "admin_keys"):
+            values[name] = [{"key": k.key, "name": k.name, "group": k.group} for k in getattr(self, name)]
         values["prices"] = self.prices.to_dict()
         values["upstreams"] = [{f.name: getattr(u, f.name) for f in fields(u)} for u in self.upstreams]
         values["routes"] = [

@@ -14,11 +14,14 @@ Pure: no Twisted, no I/O.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import hmac
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["RelayKey", "key_name_problem", "parse_key_file", "unique_relay_keys"]
+__all__ = ["RelayKey", "key_name_problem", "key_pairs", "key_presented", "parse_key_file", "presented_keys", "unique_relay_keys"]
 
 #: What a relay key's name and group may hold: a letter or digit, then
 #: letters, digits, ``.``, ``_``, ``@`` and ``-`` (so that a name is a
@@ -110,3 +113,44 @@ def parse_key_file(text: str) -> tuple[RelayKey, ...]:
     if not keys:
         raise ValueError("holds no key")
     return unique_relay_keys(keys)
+
+
+def presented_keys(headers, *, basic: bool = False) -> list[bytes]:
+    """
+    The keys a request presents: ``x-api-key`` and ``Authorization: Bearer``
+    (what the SDKs send), and with ``basic`` the password of
+    ``Authorization: Basic`` (what a browser sends after asking its user).
+    ``headers`` is Twisted's :class:`~twisted.web.http_headers.Headers`.
+    """
+    presented = list(headers.getRawHeaders(b"x-api-key", []))
+    for value in headers.getRawHeaders(b"authorization", []):
+        scheme, _, token = value.partition(b" ")
+        scheme = scheme.lower()
+        if scheme == b"bearer":
+            presented.append(token.strip())
+        elif basic and scheme == b"basic":
+            try:
+                user_and_password = base64.b64decode(token.strip(), validate=True)
+            except (binascii.Error, ValueError):
+                continue
+            presented.append(user_and_password.partition(b":")[2])
+    return presented
+
+
+def key_presented(keys: tuple[tuple[bytes, RelayKey], ...], headers, *, basic: bool = False) -> RelayKey | None:
+    """
+    Which of ``keys`` (each as bytes, with its :class:`RelayKey`) the request
+    presents (:func:`presented_keys`), or ``None``. Every presented key is
+    compared with every key in constant time, and the search never stops early.
+    """
+    found = None
+    for candidate in presented_keys(headers, basic=basic):
+        for key, relay_key in keys:
+            if hmac.compare_digest(candidate, key) and found is None:
+                found = relay_key
+    return found
+
+
+def key_pairs(keys) -> tuple[tuple[bytes, RelayKey], ...]:
+    """``keys`` (:class:`RelayKey`) as the (bytes, key) pairs :func:`key_presented` compares."""
+    return tuple((relay_key.key.encode("utf-8"), relay_key) for relay_key in keys)

@@ -15,7 +15,6 @@ parts the app hands to each request, as they were when the request came
 
 from __future__ import annotations
 
-import hmac
 import io
 import os
 import time
@@ -40,6 +39,7 @@ from twisted_relay.attempts import Attempts
 from twisted_relay.body_pool import BodyPool, RequestBody
 from twisted_relay.body_work import kept_cost
 from twisted_relay.config import RelayConfig, RelayKey
+from twisted_relay.relay_keys import key_presented
 from twisted_relay.drain import InFlight
 from twisted_relay.errors import RelayError, capability_rejected
 from twisted_relay.logs import bounded
@@ -83,6 +83,8 @@ class RequestContext:
     :ivar clients: the upstream clients, by upstream name.
     :ivar retry: when an attempt is sent again to the same target.
     :ivar in_flight: the requests in flight (``begin``/``end``, ``count``).
+    :ivar admin_keys: the admin keys, as (bytes, :class:`RelayKey`) pairs:
+        refused on every relayed route.
     :ivar ledger: where each answer's usage goes (an object with
         ``record(UsageRecord)`` that never blocks nor raises), or ``None``.
     :ivar starts: when a request may start (its ``turn()``,
@@ -106,6 +108,7 @@ class RequestContext:
     in_flight: InFlight
     ledger: Any = None
     starts: Any = None
+    admin_keys: tuple = ()
     bodies: Any = None
 
 
@@ -466,8 +469,11 @@ def _admit(context: RequestContext, request) -> RelayKey | None:
     # load balancer does not resend a refused POST); each such
     # connection closes as its answer ends (drain.py).
     relay_key = None
+    if context.admin_keys and key_presented(context.admin_keys, request.requestHeaders) is not None:
+        # Not even on a relay open to every client, where it would go upstream.
+        raise RelayError(401, "An admin key is not accepted here; present a relay key.", should_retry=False)
     if context.relay_keys:
-        relay_key = _key_of(context.relay_keys, request)
+        relay_key = key_presented(context.relay_keys, request.requestHeaders)
         if relay_key is None:
             raise RelayError(
                 401,
@@ -481,24 +487,6 @@ def _admit(context: RequestContext, request) -> RelayKey | None:
             kind="overloaded",
         )
     return relay_key
-
-
-def _key_of(relay_keys: tuple[tuple[bytes, RelayKey], ...], request) -> RelayKey | None:
-    """The relay key the request presents (``x-api-key`` or ``Authorization: Bearer``), or ``None``."""
-    presented = []
-    presented.extend(request.requestHeaders.getRawHeaders(b"x-api-key", []))
-    for value in request.requestHeaders.getRawHeaders(b"authorization", []):
-        scheme, _, token = value.partition(b" ")
-        if scheme.lower() == b"bearer":
-            presented.append(token.strip())
-    found = None
-    # Compare every presented key with every relay key, in constant time
-    # per comparison, and never stop early.
-    for candidate in presented:
-        for key, relay_key in relay_keys:
-            if hmac.compare_digest(candidate, key) and found is None:
-                found = relay_key
-    return found
 
 
 def _read_body(config: RelayConfig, request) -> bytes:

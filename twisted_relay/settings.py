@@ -115,6 +115,13 @@ PARAMETERS = [
         None,
         "File of keys clients must present (one a line, # comments); a relay key is never sent upstream.",
     ],
+    [
+        "admin-keys",
+        None,
+        None,
+        "File of admin keys (the --relay-keys format) that open /admin/usage and the spend-limit endpoints; "
+        "never accepted on /v1/messages.",
+    ],
     ["max-concurrent", None, "4096", "Requests relayed at once; past it, 529 overloaded_error (0: no limit)."],
     ["retries", None, "0", "Times to resend a request that failed before any byte reached the client."],
     ["retry-statuses", None, "429,500,502,503,504,529", "Upstream statuses worth a retry."],
@@ -422,6 +429,9 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
 
     upstream_key = values["upstream-key"] or environ.get("TWISTED_RELAY_UPSTREAM_KEY") or None
     relay_keys = _read_keys(values["relay-keys"]) if values["relay-keys"] else ()
+    admin_keys = _read_keys(values["admin-keys"], "admin-keys") if values["admin-keys"] else ()
+    if {k.key for k in admin_keys} & {k.key for k in relay_keys}:
+        raise SettingsError("--admin-keys: a key is both an admin key and a relay key; give each its own.")
     max_concurrent = _whole("max-concurrent", values["max-concurrent"])
     retries = _whole("retries", values["retries"])
     try:
@@ -464,6 +474,7 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
         total_timeout=_positive("total-timeout", values["total-timeout"], allow_zero=True),
         request_read_timeout=_positive("request-read-timeout", values["request-read-timeout"], allow_zero=True),
         relay_keys=relay_keys,
+        admin_keys=admin_keys,
         max_concurrent=max_concurrent,
         retries=retries,
         retry_statuses=retry_statuses,
@@ -559,17 +570,17 @@ def _whole(name: str, value: str) -> int:
     return number
 
 
-def _read_keys(path: str) -> tuple[RelayKey, ...]:
-    """Read a relay keys file (:func:`~twisted_relay.relay_keys.parse_key_file`); a mistake never shows a key."""
+def _read_keys(path: str, option: str = "relay-keys") -> tuple[RelayKey, ...]:
+    """Read a keys file (:func:`~twisted_relay.relay_keys.parse_key_file`); a mistake never shows a key."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise SettingsError("--relay-keys: cannot read %r: %s" % (path, e))
+        raise SettingsError("--%s: cannot read %r: %s" % (option, path, e))
     try:
         return parse_key_file(text)
     except ValueError as e:
-        raise SettingsError("--relay-keys: %r %s." % (path, e))
+        raise SettingsError("--%s: %r %s." % (option, path, e))
 
 
 def _bodies_in_flight(value: str | None) -> int:
@@ -604,7 +615,7 @@ def _named_in_file(error: SettingsError, settings: FileSettings | None, given: s
         if name in settings.relay and name not in given:
             text = re.sub(r",? not '.*'\.?$", ".", message[2:])
             text = re.sub(r" '.*' is not a valid endpoint.*$", ": not a valid Twisted endpoint string.", text)
-            if name != "relay-keys":  # a path, which helps and is no key
+            if name not in ("relay-keys", "admin-keys"):  # a path, which helps and is no key
                 text = re.sub(r"'[^']*'", "(the value given)", text)
             return SettingsError("%s: [relay] %s" % (settings.path, text))
     return error
