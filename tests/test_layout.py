@@ -40,7 +40,7 @@ LAYERS = (
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream")),
     ("streaming", ("sse_events", "sse")),
     ("records", ("dumps", "metrics", "ledger_sql", "ledger")),
-    ("the request path", ("drain", "answer", "attempts", "relayed_request", "app", "site", "admin")),
+    ("the request path", ("drain", "pacing", "answer", "attempts", "relayed_request", "app", "site", "admin")),
     ("tools", ("replay", "demo", "simulated", "ledger_report")),
     ("the process", ("gctuning", "service", "workers", "worker_process", "tap")),
 )

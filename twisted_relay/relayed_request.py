@@ -87,6 +87,8 @@ class RequestContext:
         refused on every relayed route.
     :ivar ledger: where each answer's usage goes (an object with
         ``record(UsageRecord)`` that never blocks nor raises), or ``None``.
+    :ivar starts: when a request may start (its ``turn()``,
+        :class:`~twisted_relay.pacing.StartPacer`), or ``None``: at once.
     :ivar bodies: where the work on large request bodies runs
         (:class:`~twisted_relay.body_pool.BodyPool`); ``None``: every body in
         this process.
@@ -105,6 +107,7 @@ class RequestContext:
     retry: RetryRule
     in_flight: InFlight
     ledger: Any = None
+    starts: Any = None
     admin_keys: tuple = ()
     bodies: Any = None
 
@@ -195,6 +198,10 @@ class RelayedRequest:
         if context.config.total_timeout:
             self._deadline_call = context.reactor.callLater(context.config.total_timeout, self._too_long)
         try:
+            if context.starts is not None:
+                # In flight already (the drain waits for it), it waits for its
+                # turn when many requests start at once.
+                await context.starts.turn()
             return await self._relay()
         except CancelledError:
             self.status = CLIENT_GONE_STATUS

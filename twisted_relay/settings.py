@@ -212,7 +212,7 @@ FLAGS = [
         "no-gc-tuning",
         None,
         "Leave Python's garbage collector as it is (by default the relay freezes what exists "
-        "at start, so that full collections no longer walk it).",
+        "at start, and runs full collections when the heap has doubled, not Python's).",
     ],
     [
         "forward-attribution",
