@@ -198,10 +198,6 @@ class RelayedRequest:
         if context.config.total_timeout:
             self._deadline_call = context.reactor.callLater(context.config.total_timeout, self._too_long)
         try:
-            if context.starts is not None:
-                # In flight already (the drain waits for it), it waits for its
-                # turn when many requests start at once.
-                await context.starts.turn()
             return await self._relay()
         except CancelledError:
             self.status = CLIENT_GONE_STATUS
@@ -271,6 +267,10 @@ class RelayedRequest:
         stream_asked = False
         try:
             self.relay_key = _admit(context, request)
+            if context.starts is not None:
+                # Admitted and in flight (the drain waits for it), it waits for
+                # its turn, within its deadline, when many requests start at once.
+                await self.wait(context.starts.turn())
             # Checked before anything is read or sent: a path that could
             # leave the upstream's base path is never sent.
             path = upstream_path(request)
@@ -469,7 +469,7 @@ def _admit(context: RequestContext, request) -> RelayKey | None:
     # load balancer does not resend a refused POST); each such
     # connection closes as its answer ends (drain.py).
     relay_key = None
-    if context.admin_keys and key_presented(context.admin_keys, request.requestHeaders) is not None:
+    if context.admin_keys and key_presented(context.admin_keys, request.requestHeaders, basic=True) is not None:
         # Not even on a relay open to every client, where it would go upstream.
         raise RelayError(401, "An admin key is not accepted here; present a relay key.", should_retry=False)
     if context.relay_keys:

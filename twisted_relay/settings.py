@@ -348,6 +348,10 @@ def _with_file(config: RelayConfig, settings: FileSettings, given: set) -> Relay
             changes["relay_keys"] = unique_relay_keys(config.relay_keys + settings.relay_keys)
         except ValueError as e:
             raise SettingsError("%s: [relay-keys] with --relay-keys: %s" % (settings.path, e))
+        if {k.key for k in config.admin_keys} & {k.key for k in settings.relay_keys}:
+            raise SettingsError(
+                "%s: [relay-keys] holds a key that is an admin key (--admin-keys); give each its own." % (settings.path,)
+            )
     if settings.prices is not None:
         changes["prices"] = settings.prices
     return config.with_changes(**changes)
