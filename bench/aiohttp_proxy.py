@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 __all__ = ["main", "make_app"]
@@ -84,6 +85,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upstream-host", default="127.0.0.1")
     parser.add_argument("--upstream-port", type=int, required=True)
     args = parser.parse_args(argv)
+    watched = os.environ.get("BENCH_GC_WATCH")
+    if watched:
+        # Its collector's pauses, for bench/run.py (bench/gcwatch.py).
+        from gcwatch import watch_signals
+
+        watch_signals(watched)
     import uvloop
     from aiohttp import web
 

@@ -12,6 +12,7 @@ Run it as::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from twisted.internet import endpoints, reactor
@@ -42,6 +43,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upstream-host", default="127.0.0.1")
     parser.add_argument("--upstream-port", type=int, required=True)
     args = parser.parse_args(argv)
+    watched = os.environ.get("BENCH_GC_WATCH")
+    if watched:
+        # Its collector's pauses, for bench/run.py (bench/gcwatch.py).
+        from gcwatch import watch_signals
+
+        watch_signals(watched)
     endpoint = endpoints.serverFromString(reactor, args.listen)
     endpoint.listen(make_site(args.upstream_host, args.upstream_port))
     reactor.run()

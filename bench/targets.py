@@ -16,6 +16,7 @@ its pid.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import shutil
 import signal
@@ -223,11 +224,41 @@ class Target(_Process):
 
     path = "/v1/messages"
     description = ""
+    #: Whether its collector is watched (``bench/gcwatch.py``): a Python process of one.
+    watches_gc = False
 
     def __init__(self, workdir: str, upstream: FakeUpstreamProcess, cpus: set[int] | None = None):
         super().__init__(workdir, cpus)
         self.upstream = upstream
         self.port = 0
+
+    @property
+    def gc_file(self) -> str:
+        """Where its collector's figures are written (``bench/gcwatch.py``)."""
+        return os.path.join(self.workdir, self.name + "-gc.json")
+
+    def gc_reset(self) -> None:
+        """Count its collections afresh from now (``SIGUSR2``)."""
+        if self.watches_gc and self.alive():
+            os.kill(self.pid, signal.SIGUSR2)
+
+    def gc_read(self, timeout: float = 5.0) -> dict | None:
+        """
+        Its collections since :meth:`gc_reset`, per generation (``SIGUSR1``):
+        counts, seconds, the longest; ``None`` when it is not watched.
+        """
+        if not self.watches_gc or not self.alive():
+            return None
+        if os.path.exists(self.gc_file):
+            os.unlink(self.gc_file)
+        os.kill(self.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.gc_file):
+            if time.monotonic() > deadline or not self.alive():
+                return None
+            time.sleep(0.01)
+        with open(self.gc_file) as f:
+            return json.load(f)
 
     def start(self) -> None:
         """Start, and return once a request has gone through."""
@@ -302,6 +333,7 @@ class Relay(Target):
             self.name = name
         self.profile = profile
         self.workers = workers
+        self.watches_gc = workers == 1
         if workers > 1:
             self.description = "%s --workers %d" % (Relay.description, workers)
 
@@ -313,11 +345,13 @@ class Relay(Target):
 
     def _spawn_relay(self, *options: str) -> None:
         """``twistd -n relay`` from this target's tree, listening on its port, with ``options``."""
-        twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-        if not os.path.exists(twistd):
-            twistd = shutil.which("twistd") or "twistd"
-        argv = [
-            twistd,
+        if self.watches_gc:
+            # twistd, its collector watched (one process: workers have their own).
+            argv = [sys.executable, os.path.join(BENCH_DIR, "gcwatch.py"), self.gc_file, "--"]
+        else:
+            twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+            argv = [twistd if os.path.exists(twistd) else shutil.which("twistd") or "twistd"]
+        argv += [
             "-n",
             "-l", os.path.join(self.workdir, self.name + "-twistd.log"),
             "--pidfile", os.path.join(self.workdir, self.name + ".pid"),
@@ -394,6 +428,7 @@ class PlainProxy(Target):
 
     name = "plain"
     description = "twisted.web.proxy.ReverseProxyResource"
+    watches_gc = True
 
     def _launch(self) -> None:
         self._spawn(
@@ -402,7 +437,8 @@ class PlainProxy(Target):
                 os.path.join(BENCH_DIR, "plain_proxy.py"),
                 "--listen", "tcp:%d:interface=127.0.0.1:backlog=4096" % (self.port,),
                 "--upstream-port", str(self.upstream.port),
-            ]
+            ],
+            env={"BENCH_GC_WATCH": self.gc_file},
         )
 
 
@@ -417,6 +453,7 @@ class AiohttpProxy(Target):
 
     name = "aiohttp"
     description = "aiohttp on uvloop, plain pass-through (bench/aiohttp_proxy.py)"
+    watches_gc = True
 
     def __init__(self, workdir, upstream, cpus=None, *, python: str):
         super().__init__(workdir, upstream, cpus)
@@ -429,7 +466,8 @@ class AiohttpProxy(Target):
                 os.path.join(BENCH_DIR, "aiohttp_proxy.py"),
                 "--port", str(self.port),
                 "--upstream-port", str(self.upstream.port),
-            ]
+            ],
+            env={"BENCH_GC_WATCH": self.gc_file},
         )
 
 

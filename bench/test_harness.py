@@ -142,34 +142,51 @@ class BulkChunkTests(SynchronousTestCase):
 class HeadlineTests(SynchronousTestCase):
     """The figures the run prints first and the goals it judges."""
 
-    def results(self, relay_added: float, before_added: float) -> dict:
-        def paced(p50: float, cpu: float) -> dict:
-            return {"event_latency_ms": {"p50": p50, "p99": p50 * 2}, "target_cpu_s": cpu, "events": 100_000,
-                    "errors": 0, "requests": 400}
+    def results(self, relay_added: float, before_added: float, *, relay_p99: float = 1.0, pause: float = 0.005,
+                relay_cpu: float = 2.5) -> dict:
+        def paced(p50: float, cpu: float, p99: float | None = None, longest: float | None = None) -> dict:
+            summary = {"event_latency_ms": {"p50": p50, "p99": p50 * 2 if p99 is None else p99, "max": p50 * 10},
+                       "target_cpu_s": cpu, "events": 100_000, "errors": 0, "requests": 400}
+            if longest is not None:
+                summary["gc"] = {"gen%d" % g: {"collections": 3 - g, "seconds": 0.01, "freed": 0,
+                                               "longest_s": longest / (g + 1)} for g in (0, 1, 2)}
+            return summary
+
+        def at(count: int) -> dict:
+            return {"direct": paced(0.2, 0, 0.5), "nginx": paced(0.3, 1.0), "aiohttp": paced(0.4, 2.0, 1.5, 0.001),
+                    "plain": paced(0.5, 2.0, 0.5 + 2 * relay_p99, 0.002),
+                    "relay": paced(0.2 + relay_added, relay_cpu, 0.5 + relay_p99, pause),
+                    "before": paced(0.2 + before_added, 2.5, 2.0, 0.05)}
 
         return {
-            "S1": {
-                "paced": {200: {"direct": paced(0.2, 0), "nginx": paced(0.3, 1.0), "relay": paced(0.2 + relay_added, 2.5),
-                                "before": paced(0.2 + before_added, 2.5)}},
-                "search": {},
-            },
+            "S1": {"paced": {200: at(200), 1000: at(1000)}, "search": {}},
             "S2": {"direct": {"mb_per_s": 400.0}, "nginx": {"mb_per_s": 300.0, "target_cpu_s_per_mb": 0.0011},
                    "relay": {"mb_per_s": 100.0, "target_cpu_s_per_mb": 0.006}},
             "S3": {"plain": {"requests_per_s": 3000.0}, "relay": {"requests_per_s": 3300.0}},
         }
 
     def test_headline_figures(self):
-        """CPU per paced event in us, CPU-seconds per MB, added latency against direct."""
+        """
+        CPU per paced event in us, CPU-seconds per MB, added latency against
+        direct (median, p99, max), the longest collector pause of the Python targets.
+        """
         from bench.run import headline
 
-        rows = {row[0]: row[1:] for row in headline(self.results(0.3, 0.3), ["direct", "nginx", "relay"])}
-        self.assertEqual(rows["headline"], ["nginx", "relay"])
-        self.assertEqual(rows["CPU per paced event, us (S1 200)"], ["10.0", "25.0"])
-        self.assertEqual(rows["CPU-seconds per MB (S2)"], ["0.0011", "0.0060"])
-        self.assertEqual(rows["latency added per event, median / p99 ms (S1 200)"], ["+0.10 / +0.20", "+0.30 / +0.60"])
+        rows = {row[0]: row[1:] for row in headline(self.results(0.3, 0.3), ["direct", "nginx", "aiohttp", "relay"])}
+        self.assertEqual(rows["headline"], ["nginx", "aiohttp", "relay"])
+        self.assertEqual(rows["CPU per paced event, us (S1 200)"], ["10.0", "20.0", "25.0"])
+        self.assertEqual(rows["CPU-seconds per MB (S2)"], ["0.0011", "-", "0.0060"])
+        self.assertEqual(rows["latency added per event, median / p99 / max ms (S1 200)"],
+                         ["+0.10 / +0.10 / +1.00", "+0.20 / +1.00 / +2.00", "+0.30 / +1.00 / +3.00"])
+        self.assertEqual(rows["longest collector pause, ms (S1 1000)"], ["-", "1.0 (1 full)", "5.0 (1 full)"])
 
     def test_goals(self):
-        """Latency is judged against the relay before the change, within noise; the reader check; S3 vs plain."""
+        """
+        The median and CPU per event judged against the relay before the
+        change, within noise; the p99 against aiohttp's (x3) at 200 streams
+        and plain's at 1,000; the longest pause at 1,000 streams; the reader
+        check; S3 vs plain.
+        """
         from bench.run import verdicts
 
         def met(results):
@@ -177,9 +194,22 @@ class HeadlineTests(SynchronousTestCase):
 
         same = met(self.results(0.30, 0.30))
         self.assertEqual(same["S1 200: added median per event, vs before"], "met")
+        self.assertEqual(same["S1 200: CPU per paced event, vs before"], "met")
+        self.assertEqual(same["S1 200: added p99 per event, vs aiohttp"], "met")
+        self.assertEqual(same["S1 1000: added p99 per event, vs plain"], "met")
+        self.assertEqual(same["S1 200: longest collector pause"], "-")
+        self.assertEqual(same["S1 1000: longest collector pause"], "met")
         self.assertEqual(same["S2: the reader is not the bottleneck (direct MB/s > nginx MB/s)"], "met")
         self.assertEqual(same["S3: req/s vs plain twisted.web.proxy"], "met")
         self.assertEqual(met(self.results(0.40, 0.30))["S1 200: added median per event, vs before"], "NOT met")
+        self.assertEqual(met(self.results(0.30, 0.30, relay_cpu=2.8))["S1 200: CPU per paced event, vs before"],
+                         "NOT met")
+        # aiohttp adds +1.0 ms at p99: 3.0 is met, 3.1 is not; plain adds twice the relay's.
+        self.assertEqual(met(self.results(0.3, 0.3, relay_p99=3.0))["S1 200: added p99 per event, vs aiohttp"], "met")
+        slow = met(self.results(0.3, 0.3, relay_p99=3.1))
+        self.assertEqual(slow["S1 200: added p99 per event, vs aiohttp"], "NOT met")
+        self.assertEqual(slow["S1 1000: added p99 per event, vs plain"], "met")
+        self.assertEqual(met(self.results(0.3, 0.3, pause=0.021))["S1 1000: longest collector pause"], "NOT met")
         alone = self.results(0.30, 0.30)
         del alone["S1"]["paced"][200]["before"]
         self.assertEqual(met(alone)["S1 200: added median per event, vs before"], "-")

@@ -262,14 +262,24 @@ class RecordingLedger:
     to read.
 
     :ivar records: the :class:`~twisted_relay.usage.UsageRecord` handed over, in order.
+    :ivar then: a ledger each record is handed on to (a real one), or ``None``.
     """
 
     def __init__(self):
         self.records: list = []
+        self.then = None
 
     def record(self, row) -> None:
-        """Keep ``row``."""
+        """Keep ``row`` (and hand it on to :attr:`then`)."""
         self.records.append(row)
+        if self.then is not None:
+            self.then.record(row)
+
+    def __getattr__(self, name):
+        # The rest of a ledger (its totals, for the usage page) is the real one's.
+        if name == "then" or self.then is None:
+            raise AttributeError(name)
+        return getattr(self.then, name)
 
 
 def serve_relay(testcase, config: RelayConfig, reactor=None, *, ledger=None) -> ServedRelay:

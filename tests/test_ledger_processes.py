@@ -26,6 +26,7 @@ from twisted_relay.ledger_sql import open_ledger
 
 from . import postgres_server
 from .helpers import encode, free_port, messages_body, twistd
+from .test_ledger import rows_in
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The writers' flush interval, and the slack a loaded machine may add
@@ -79,12 +80,7 @@ class _Writer:
 
 
 def _ids(target: str) -> list[str]:
-    query = "SELECT request_id FROM relay_usage ORDER BY request_id"
-    if target.startswith("postgresql://"):
-        with postgres_server.psycopg.connect(target) as connection:
-            return [row[0] for row in connection.execute(query)]
-    with sqlite3.connect(target) as connection:
-        return [row[0] for row in connection.execute(query)]
+    return rows_in(target)
 
 
 class _KillTests:

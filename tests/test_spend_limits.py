@@ -333,8 +333,8 @@ class SharedPostgresTests(TestCase):
 
     def spent_cents(self) -> Decimal:
         with postgres_server.psycopg.connect(self.config.usage_db) as connection:
-            nanos = connection.execute("SELECT COALESCE(SUM(cost_nano_usd), 0) FROM relay_usage").fetchone()[0]
-        return Decimal(nanos) / Decimal(10**7)
+            picos = connection.execute("SELECT COALESCE(SUM(cost_pico_usd), 0) FROM relay_usage").fetchone()[0]
+        return Decimal(picos) / Decimal(10**10)
 
     async def test_two_relays_share_a_cap(self):
         """

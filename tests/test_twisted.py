@@ -90,7 +90,9 @@ class ContractTests(SynchronousTestCase):
             "one_send_request": {"_newclient.Request"},
             "connection_header": {"connHeaders"},
         }
-        self.assertEqual(set().union(*relies.values()), set(_twisted.PRIVATE_NAMES))
+        # Without it the relay only does less: a lost upstream connection's cycles are not all cut.
+        optional = {"_connector"}
+        self.assertEqual(set().union(*relies.values()) | optional, set(_twisted.PRIVATE_NAMES))
         for name in _twisted.PRIVATE_NAMES:
             held, why = _twisted.probe(hide=[name])
             expected = {assumption for assumption, names in relies.items() if name in names}

@@ -99,8 +99,8 @@ class UsagePageTests(TestCase):
         """Cost (dollars) and requests by key name, read from the SQLite file itself."""
         totals: dict = defaultdict(lambda: [Decimal(0), 0])
         with sqlite3.connect(self.db) as connection:
-            for name, nano, in connection.execute("SELECT key_name, cost_nano_usd FROM relay_usage"):
-                totals[name][0] += Decimal(nano or 0) / Decimal(10**9)
+            for name, pico in connection.execute("SELECT key_name, cost_pico_usd FROM relay_usage"):
+                totals[name][0] += Decimal(pico or 0) / Decimal(10**12)
                 totals[name][1] += 1
         return {name: (cost, count) for name, (cost, count) in totals.items()}
 
@@ -164,6 +164,20 @@ class UsagePageTests(TestCase):
         response = await treq.get(page + "?days=0", headers={"x-api-key": ADMIN.key}, persistent=False)
         self.assertEqual(response.code, 400)
 
+    async def test_ledger_unreadable(self):
+        """A ledger the relay cannot read: 503 in Anthropic's shape, not a traceback."""
+        await self.served.relay.ledger.flush()
+        with sqlite3.connect(self.db) as connection:
+            connection.execute("DROP TABLE relay_usage")
+        response = await treq.get(
+            self.served.url + "/admin/usage", headers={"x-api-key": ADMIN.key}, persistent=False
+        )
+        self.assertEqual(response.code, 503)
+        body = await response.json()
+        self.assertEqual(body["type"], "error")
+        self.assertIn("usage ledger cannot be read", body["error"]["message"])
+        self.flushLoggedErrors()
+
     async def test_admin_key_refused_on_messages(self):
         """The admin key is no relay key: 401, never relayed, never in the ledger."""
         response = await self.post(ADMIN.key)
@@ -185,6 +199,15 @@ class OpenRelayAdminKeyTests(TestCase):
             served.url + "/v1/messages",
             encode(messages_body()),
             headers={"content-type": "application/json", "authorization": "Bearer " + ADMIN.key},
+            persistent=False,
+        )
+        self.assertEqual(response.code, 401)
+        # As a browser's Basic password too (the admin routes take it so).
+        basic = "Basic " + base64.b64encode(b"x:" + ADMIN.key.encode()).decode()
+        response = await treq.post(
+            served.url + "/v1/messages",
+            encode(messages_body()),
+            headers={"content-type": "application/json", "authorization": basic},
             persistent=False,
         )
         self.assertEqual(response.code, 401)

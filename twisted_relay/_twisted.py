@@ -244,6 +244,19 @@ if _HTTP11ClientProtocol is not None and _HTTP11ClientFactory is not None:
 
         _decoders = None
 
+        def connectionLost(self, reason):
+            # Twisted's lost TCP connection (under TLS, the one beneath) and its connector refer to each
+            # other, as do the connector and its endpoint's factory: cut, so no full collection is needed.
+            tcp_transport = self.transport
+            super().connectionLost(reason)
+            while tcp_transport is not None and getattr(tcp_transport, "connector", None) is None:
+                tcp_transport = getattr(tcp_transport, "transport", None)
+            connector = getattr(tcp_transport, "connector", None)
+            if getattr(connector, "transport", None) is tcp_transport is not None:
+                connector.transport = None  # as Twisted does when a connection fails
+                if getattr(connector.factory, "_connector", None) is connector and "_connector" not in _hidden:
+                    connector.factory._connector = None
+
         def request(self, request):
             d = super().request(request)
             decoders = self._decoders
@@ -448,9 +461,8 @@ def _probe_pool_hooks() -> str | None:
     pool_init = inspect.signature(_client.HTTPConnectionPool.__init__).parameters
     if "reactor" not in pool_init or not _has(_client.HTTPConnectionPool, "_putConnection"):
         return "HTTPConnectionPool has no _putConnection"
-    if not _has(_client.HTTPConnectionPool, "_factory") or _client.HTTPConnectionPool._factory is not (
-        _HTTP11ClientFactory
-    ):
+    factory = _client.HTTPConnectionPool._factory if _has(_client.HTTPConnectionPool, "_factory") else None
+    if factory is not _HTTP11ClientFactory:
         return "HTTPConnectionPool._factory is not _HTTP11ClientFactory"
     if not _has(_HTTP11ClientFactory(None, None), "_quiescentCallback"):
         return "_HTTP11ClientFactory keeps no _quiescentCallback"
@@ -495,11 +507,8 @@ def _probe_coalescing_decoder() -> str | None:
             super().__init__(*args)
 
     request = _probe_get()
-    sent, data, reason, protocol, taken_back = _exchange(
-        {b"chunked": Marked},
-        request,
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
-    )
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    sent, data, reason, protocol, taken_back = _exchange({b"chunked": Marked}, request, answer)
     if not used or b"".join(data) != b"abcde":
         return "the client parser did not read the body with the decoder the relay set"
     if not reason.check(_client.ResponseDone):
@@ -530,12 +539,8 @@ def _probe_connection_header() -> str | None:
     try:
         request = _probe_get()
         responses = []
-        sent, data, reason, protocol, taken_back = _exchange(
-            None,
-            request,
-            b"HTTP/1.1 200 OK\r\nConnection: close, X-Hop\r\nX-Hop: 1\r\nContent-Length: 1\r\n\r\nx",
-            responses,
-        )
+        answer = b"HTTP/1.1 200 OK\r\nConnection: close, X-Hop\r\nX-Hop: 1\r\nContent-Length: 1\r\n\r\nx"
+        sent, data, reason, protocol, taken_back = _exchange(None, request, answer, responses)
     finally:
         _connection_header = before
     response = responses[0]
@@ -583,7 +588,7 @@ PRIVATE_NAMES = frozenset(
         "_aborting", "_writeDisconnected", "_tempDataLen", "dataBuffer", "offset", "socket",
         "_HTTP11ClientFactory", "_factory", "_putConnection", "_quiescentCallback",
         "_ChunkedTransferDecoder", "_DataLoss", "_transferDecoders", "_parser", "_currentRequest",
-        "_newclient.Request", "connHeaders",
+        "_newclient.Request", "connHeaders", "_connector",
     }
 )  # fmt: skip
 _hidden: frozenset = frozenset()

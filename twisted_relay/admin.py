@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 from twisted_relay.errors import RelayError
+from twisted_relay.ledger_sql import LedgerError
 from twisted_relay.relay_keys import RelayKey, key_presented
 from twisted_relay.usage_page import Cap, KeyUsage, render_usage_page
 
@@ -60,7 +61,10 @@ async def usage_page(context, request) -> bytes:
     since = datetime.fromisoformat(shown[0]).replace(tzinfo=timezone.utc).timestamp()
     # The rows this process still holds go first, so the page shows them.
     await ledger.flush()
-    totals = await ledger.totals(["key", "group", "day"], since=since)
+    try:
+        totals = await ledger.totals(["key", "group", "day"], since=since)
+    except LedgerError as e:
+        raise RelayError(503, "The usage ledger cannot be read now: %s." % (e,)) from None
     keys = [replace(key, cap=await _cap_of(context, key)) for key in _key_usage(totals, shown)]
     request.setHeader(b"content-type", _HTML)
     request.setHeader(b"cache-control", b"no-store")

@@ -45,6 +45,7 @@ from twisted_relay.errors import RelayError
 from twisted_relay.ledger_sql import LedgerError
 from twisted_relay.message_threads.turns import ThreadKeeper, keeper_for
 from twisted_relay.metrics import RelayMetrics
+from twisted_relay.pacing import StartPacer
 from twisted_relay.relay_keys import key_pairs
 from twisted_relay.relayed_request import (
     COUNT_TOKENS,
@@ -82,6 +83,8 @@ class RelayApp:
         one worker process (started when first needed) when ``None``.
     :ivar requests: the requests in flight, and their draining
         (:class:`~twisted_relay.drain.InFlight`).
+    :ivar starts: when each relayed request may start
+        (:class:`~twisted_relay.pacing.StartPacer`).
     :ivar bodies: that pool (a service: stopping it stops the workers).
     """
 
@@ -104,6 +107,8 @@ class RelayApp:
         bodies: BodyPool | None = None,
     ):
         self.requests = InFlight(reactor)
+        # Request starts spread over reactor turns (docs/architecture.md, "Request starts, paced").
+        self.starts = StartPacer(reactor)
         self.bodies = bodies if bodies is not None else BodyPool(reactor)
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Message threads held by the relay (docs/threads.md).
@@ -124,6 +129,7 @@ class RelayApp:
             retry=RetryRule.from_config(config),
             in_flight=self.requests,
             ledger=ledger,
+            starts=self.starts,
             bodies=self.bodies,
             # Spend limits live in the ledger's database (docs/usage.md).
             spend=SpendGuard(ledger, reactor=reactor, refresh_interval=config.spend_refresh_interval)

@@ -72,6 +72,10 @@ _STOP_GRACE = 5.0
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(twisted_relay.__file__)))
 
 
+# The environment variables a body worker keeps (and every PYTHON* and LC_*).
+_KEPT_ENVIRONMENT = frozenset({"PATH", "HOME", "TMPDIR", "LANG", "LD_LIBRARY_PATH", "VIRTUAL_ENV"})
+
+
 class BodyPool(Service):
     """
     The worker processes whole-body work runs in, for bodies estimated over
@@ -140,11 +144,22 @@ class BodyPool(Service):
 
     def _start(self) -> _Worker:
         worker = _Worker(self)
-        env = dict(os.environ)
+        # Only what Python needs: the relay's environment holds its keys
+        # (the upstream key, a worker's whole configuration), which a body
+        # worker never uses.
+        env = {
+            name: value
+            for name, value in os.environ.items()
+            if name in _KEPT_ENVIRONMENT or name.startswith(("PYTHON", "LC_"))
+        }
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         self.reactor.spawnProcess(
-            worker, sys.executable, [sys.executable, "-m", "twisted_relay.body_worker"],
-            env=env, path=os.getcwd(), childFDs={0: "w", 1: "r", 2: "r"},
+            worker,
+            sys.executable,
+            [sys.executable, "-m", "twisted_relay.body_worker"],
+            env=env,
+            path=os.getcwd(),
+            childFDs={0: "w", 1: "r", 2: "r"},
         )
         self._all.append(worker)
         return worker
@@ -167,8 +182,7 @@ class BodyPool(Service):
         if worker in self._idle:
             self._idle.remove(worker)
         if call is not None and not call.deferred.called:
-            self.log.error("A body worker process ended with a call in progress: {why}",
-                           why=reason.getErrorMessage())
+            self.log.error("A body worker process ended with a call in progress: {why}", why=reason.getErrorMessage())
             call.deferred.errback(_worker_lost())
         if self._closed:
             if not self._all and self._ended is not None:
@@ -301,8 +315,15 @@ class RequestBody:
     :ivar facts: what routes match on (:class:`~twisted_relay.routing.RequestFacts`).
     """
 
-    def __init__(self, pool: BodyPool, raw: bytes, cost: int | None = None, *, parsed: dict | None = None,
-                 read: BodyFacts | None = None):
+    def __init__(
+        self,
+        pool: BodyPool,
+        raw: bytes,
+        cost: int | None = None,
+        *,
+        parsed: dict | None = None,
+        read: BodyFacts | None = None,
+    ):
         self.pool = pool
         self.raw = raw
         if cost is None:
@@ -371,8 +392,9 @@ class RequestBody:
         """The parsed body, when it was parsed here."""
         return self._body
 
-    def prepare(self, model: str | None, rules: UpstreamRules, thread: ThreadForm | None, drop_blocks: bool,
-                note_repairs: bool) -> Deferred:
+    def prepare(
+        self, model: str | None, rules: UpstreamRules, thread: ThreadForm | None, drop_blocks: bool, note_repairs: bool
+    ) -> Deferred:
         """
         What one attempt sends (:func:`~twisted_relay.body_work.prepare`): a
         Deferred of a :class:`~twisted_relay.body_work.Prepared`. The parsed
@@ -417,4 +439,3 @@ class RequestBody:
             except Exception:
                 return fail()
         return self.pool.run("dropping", sent)
-

@@ -263,9 +263,9 @@ class RelayConfig:
         together (``SO_REUSEPORT``), this one included; each has its own
         pool, limits and metrics. 1 runs the relay in this process only.
     :ivar gc_tuning: freeze what exists in the process when the relay
-        starts, so full garbage collections no longer walk it
-        (:mod:`twisted_relay.gctuning`); it changes the whole process, so
-        only ``twistd relay`` turns it on.
+        starts, and run full garbage collections when the heap has grown
+        rather than Python's (:mod:`twisted_relay.gctuning`); it changes
+        the whole process, so only ``twistd relay`` turns it on.
     :ivar forward_attribution: send Claude Code's attribution headers
         (``x-app``, ``x-claude-code-*``) upstream too; by default the relay
         only records them (log line, dumps).

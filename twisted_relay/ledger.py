@@ -32,7 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from twisted_relay.ledger_sql import LedgerDatabase, LedgerError, Totals
+from twisted_relay.ledger_sql import rows_of, LedgerDatabase, LedgerError, Totals
 from twisted_relay.usage import UsageRecord
 
 __all__ = [
@@ -234,7 +234,9 @@ class Ledger(Service):
         """Write the batch at the head of the queue; fires ``True`` when written, ``False`` when it failed."""
         take = min(self._batch_size, len(self._queue))
         self._batch = [self._queue.popleft() for _ in range(take)]
-        d = deferToThreadPool(self._reactor, self._pool, self.database.write, self._batch)
+        # The rows are made here, not on the writer thread, whose Python code
+        # would hold the interpreter lock against the reactor.
+        d = deferToThreadPool(self._reactor, self._pool, self.database.write_rows, rows_of(self._batch))
         d.addCallbacks(self._written, self._failed)
         self._writing = d
         return d

@@ -42,6 +42,7 @@ __all__ = [
     "describe_database",
     "is_postgres",
     "open_ledger",
+    "rows_of",
 ]
 
 #: Version of the tables' layout, kept in the database; bumped on any change
@@ -60,10 +61,14 @@ GROUPINGS = {
     "day": "day",
 }
 
-# One cost unit is a billionth of a US dollar: integers add up exactly in
-# both databases (SQLite has no decimal type), and today's smallest price,
-# a few cents per million tokens, is still a whole number of them per token.
-_NANO = Decimal("1e-9")
+# One cost unit is a millionth of a millionth of a US dollar: integers add up
+# exactly in both databases (SQLite has no decimal type), and every product
+# of today's prices and their multipliers (a cache read at a tenth of
+# $0.80 per million tokens, times 1.1 for US-only inference: 8.8e-8 a token)
+# is a whole number of them. A 64-bit integer holds 9.2 million dollars of
+# them: SQLite's SUM over more than that in one query fails (PostgreSQL's
+# SUM of a BIGINT is exact at any size).
+_PICO = Decimal("1e-12")
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
 # Seconds to connect to PostgreSQL, and to wait for SQLite's write lock.
 _CONNECT_TIMEOUT = 5
@@ -89,7 +94,7 @@ _COLUMNS = (
     ("stream", "SMALLINT NOT NULL"),
     ("partial", "SMALLINT NOT NULL"),
     *((kind, "BIGINT NOT NULL") for kind in TOKEN_KINDS),
-    ("cost_nano_usd", "BIGINT"),
+    ("cost_pico_usd", "BIGINT"),
     ("usage_json", "TEXT NOT NULL"),
 )
 _SCHEMA = (
@@ -100,10 +105,21 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS relay_usage_group_at ON relay_usage (key_group, at)",
     *_SPEND_LIMITS_SCHEMA,
 )
-_INSERT = "INSERT INTO relay_usage (%s) VALUES (%s) ON CONFLICT (request_id) DO NOTHING" % (
-    ", ".join(name for name, _ in _COLUMNS),
-    ", ".join("?" for _ in _COLUMNS),
-)
+_ROW_PLACES = "(%s)" % (", ".join("?" for _ in _COLUMNS),)
+# Rows one INSERT statement carries: a batch goes in a few statements, not a
+# statement a row, so that the writer thread and the reactor pass the
+# interpreter lock to each other a few times a batch, not twice a row
+# (measured: S3 requests/s 18 % lower with a statement a row). 8,800
+# parameters, under SQLite's limit of 32,766 since 3.32 and PostgreSQL's 65,535.
+_ROWS_A_STATEMENT = 400
+
+
+def _insert(rows: int) -> str:
+    """The INSERT of ``rows`` rows (a request already in the ledger left as it is)."""
+    return "INSERT INTO relay_usage (%s) VALUES %s ON CONFLICT (request_id) DO NOTHING" % (
+        ", ".join(name for name, _ in _COLUMNS),
+        ", ".join([_ROW_PLACES] * rows),
+    )
 
 
 class LedgerError(Exception):
@@ -204,14 +220,19 @@ def _day(at: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(at))
 
 
-def _nanos(cost: Decimal | None) -> int | None:
+def _picos(cost: Decimal | None) -> int | None:
     if cost is None:
         return None
-    return int((cost / _NANO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+    return int((cost / _PICO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
 
 
-def _dollars(nanos) -> Decimal:
-    return (Decimal(int(nanos or 0)) * _NANO).normalize() if nanos else Decimal(0)
+def _dollars(picos) -> Decimal:
+    return (Decimal(int(picos or 0)) * _PICO).normalize() if picos else Decimal(0)
+
+
+def rows_of(records: Sequence[UsageRecord]) -> list[tuple]:
+    """``records`` as the table's rows (:meth:`LedgerDatabase.write_rows`)."""
+    return [_row(record) for record in records]
 
 
 def _row(record: UsageRecord) -> tuple:
@@ -231,7 +252,7 @@ def _row(record: UsageRecord) -> tuple:
         int(bool(record.stream)),
         int(bool(record.partial)),
         *(int(record.tokens.get(kind, 0)) for kind in TOKEN_KINDS),
-        _nanos(record.cost),
+        _picos(record.cost),
         record.usage or "",
     )
 
@@ -289,13 +310,19 @@ class LedgerDatabase:
 
         :return: the rows added.
         """
-        rows = [_row(record) for record in records]
+        return self.write_rows(rows_of(records))
+
+    def write_rows(self, rows: list[tuple]) -> int:
+        """:meth:`write` of rows already made (:func:`rows_of`): the writer thread runs no Python of its own."""
 
         def insert(connection):
             cursor = connection.cursor()
-            cursor.executemany(self._sql(_INSERT), rows)
-            # (Both drivers sum the rows each statement added.)
-            return max(cursor.rowcount, 0)
+            added = 0
+            for start in range(0, len(rows), _ROWS_A_STATEMENT):
+                chunk = rows[start : start + _ROWS_A_STATEMENT]
+                cursor.execute(self._sql(_insert(len(chunk))), [value for row in chunk for value in row])
+                added += max(cursor.rowcount, 0)
+            return added
 
         return self._run(insert)
 
@@ -336,8 +363,8 @@ class LedgerDatabase:
         where, parameters = _conditions(since, until, key_name, key_group)
         sums = ", ".join("SUM(%s)" % (kind,) for kind in TOKEN_KINDS)
         query = (
-            "SELECT %s COUNT(*), %s, SUM(cost_nano_usd), "
-            "SUM(CASE WHEN cost_nano_usd IS NULL THEN 1 ELSE 0 END), SUM(partial), MIN(at), MAX(at) "
+            "SELECT %s COUNT(*), %s, SUM(cost_pico_usd), "
+            "SUM(CASE WHEN cost_pico_usd IS NULL THEN 1 ELSE 0 END), SUM(partial), MIN(at), MAX(at) "
             "FROM relay_usage%s%s"
         ) % (
             "".join(column + ", " for column in columns),
@@ -380,7 +407,7 @@ class LedgerDatabase:
 
         def select(connection):
             cursor = connection.cursor()
-            cursor.execute(self._sql("SELECT SUM(cost_nano_usd) FROM relay_usage" + where), parameters)
+            cursor.execute(self._sql("SELECT SUM(cost_pico_usd) FROM relay_usage" + where), parameters)
             return cursor.fetchone()[0]
 
         return _dollars(self._run(select))

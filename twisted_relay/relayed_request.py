@@ -88,6 +88,8 @@ class RequestContext:
         refused on every relayed route.
     :ivar ledger: where each answer's usage goes (an object with
         ``record(UsageRecord)`` that never blocks nor raises), or ``None``.
+    :ivar starts: when a request may start (its ``turn()``,
+        :class:`~twisted_relay.pacing.StartPacer`), or ``None``: at once.
     :ivar bodies: where the work on large request bodies runs
         (:class:`~twisted_relay.body_pool.BodyPool`); ``None``: every body in
         this process.
@@ -108,6 +110,7 @@ class RequestContext:
     retry: RetryRule
     in_flight: InFlight
     ledger: Any = None
+    starts: Any = None
     admin_keys: tuple = ()
     bodies: Any = None
     spend: Any = None
@@ -273,6 +276,10 @@ class RelayedRequest:
             self.relay_key = _admit(context, request)
             if route.metered and context.spend is not None:
                 await self._check_spend()
+            if context.starts is not None:
+                # Admitted and in flight (the drain waits for it), it waits for
+                # its turn, within its deadline, when many requests start at once.
+                await self.wait(context.starts.turn())
             # Checked before anything is read or sent: a path that could
             # leave the upstream's base path is never sent.
             path = upstream_path(request)
@@ -490,7 +497,7 @@ def _admit(context: RequestContext, request) -> RelayKey | None:
     # load balancer does not resend a refused POST); each such
     # connection closes as its answer ends (drain.py).
     relay_key = None
-    if context.admin_keys and key_presented(context.admin_keys, request.requestHeaders) is not None:
+    if context.admin_keys and key_presented(context.admin_keys, request.requestHeaders, basic=True) is not None:
         # Not even on a relay open to every client, where it would go upstream.
         raise RelayError(401, "An admin key is not accepted here; present a relay key.", should_retry=False)
     if context.relay_keys:

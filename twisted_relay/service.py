@@ -373,7 +373,7 @@ class Relay:
         _ThreadStoreService(self.app.threads.store).setServiceParent(self.service)
         self.app.bodies.setServiceParent(self.service)
         if config.gc_tuning:
-            GarbageCollectorTuning().setServiceParent(self.service)
+            GarbageCollectorTuning(reactor).setServiceParent(self.service)
         if self.dumps is not None:
             self.dumps.setServiceParent(self.service)
         if self.ledger is not None:

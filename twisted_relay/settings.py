@@ -184,12 +184,7 @@ PARAMETERS = [
     ["thread-ttl", None, "300", "Seconds a thread lives after its last use (0: until evicted)."],
     ["thread-max-count", None, "10000", "Threads held in memory at most (least recently used go first)."],
     ["thread-max-bytes", None, "512M", "Bytes of threads held in memory at most (least recently used go first)."],
-    [
-        "simulate-threads",
-        None,
-        "ignore",
-        "How the simulated upstream treats message threads: ignore, rejects or knows.",
-    ],
+    ["simulate-threads", None, "ignore", "How the simulated upstream treats message threads: ignore, rejects or knows."],
     [
         "usage-db",
         None,
@@ -213,7 +208,7 @@ FLAGS = [
         "no-gc-tuning",
         None,
         "Leave Python's garbage collector as it is (by default the relay freezes what exists "
-        "at start, so that full collections no longer walk it).",
+        "at start, and runs full collections when the heap has doubled, not Python's).",
     ],
     [
         "forward-attribution",
@@ -349,6 +344,10 @@ def _with_file(config: RelayConfig, settings: FileSettings, given: set) -> Relay
             changes["relay_keys"] = unique_relay_keys(config.relay_keys + settings.relay_keys)
         except ValueError as e:
             raise SettingsError("%s: [relay-keys] with --relay-keys: %s" % (settings.path, e))
+        if {k.key for k in config.admin_keys} & {k.key for k in settings.relay_keys}:
+            raise SettingsError(
+                "%s: [relay-keys] holds a key that is an admin key (--admin-keys); give each its own." % (settings.path,)
+            )
     if settings.prices is not None:
         changes["prices"] = settings.prices
     return config.with_changes(**changes)

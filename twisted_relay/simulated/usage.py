@@ -34,6 +34,7 @@ from typing import Any
 import ujson
 
 from twisted_relay.simulated.base import canonical, messages_of
+from twisted_relay.usage import TOKEN_KINDS
 
 __all__ = [
     "KINDS",
@@ -52,16 +53,8 @@ __all__ = [
     "today_usage",
 ]
 
-#: The kinds the tally counts (those of :data:`twisted_relay.usage.TOKEN_KINDS`).
-KINDS = (
-    "input_tokens",
-    "output_tokens",
-    "cache_creation_5m_tokens",
-    "cache_creation_1h_tokens",
-    "cache_read_tokens",
-    "web_search_requests",
-    "web_fetch_requests",
-)
+#: The kinds the tally counts: the relay's (:data:`twisted_relay.usage.TOKEN_KINDS`).
+KINDS = TOKEN_KINDS
 #: The shortest prefix the cache keeps, in tokens (the API's figure for
 #: Sonnet 5.5 and Haiku 5.5; the simulator uses it for every model).
 MIN_CACHEABLE_TOKENS = 512
