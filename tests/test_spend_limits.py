@@ -77,12 +77,15 @@ class SpendLimitTests(TestCase):
         listening = reactor.listenTCP(0, Site(self.upstream.resource()), interface="127.0.0.1")
         self.addCleanup(listening.stopListening)
         config = RelayConfig(
-            listen=(), upstreams=one_upstream("http://127.0.0.1:%d" % (listening.getHost().port,)), dump_dir=None
+            listen=(),
+            upstreams=one_upstream("http://127.0.0.1:%d" % (listening.getHost().port,)),
+            dump_dir=os.path.join(folder, "dumps"),
         ).with_changes(
             relay_keys=KEYS, admin_keys=(ADMIN,), usage_db=os.path.join(folder, "usage.sqlite"), usage_flush_interval=0.1,
             metrics=True,
         )
         self.db = config.usage_db
+        self.dumps = config.dump_dir
         self.logged: list[str] = []
         observer = lambda event: self.logged.append(formatEvent(event) + repr(event))  # noqa: E731
         globalLogPublisher.addObserver(observer)
@@ -233,11 +236,34 @@ class SpendLimitTests(TestCase):
         answer = await self.call(calls.message)
         self.assertEqual(answer.status_code, 401)
 
-    async def test_no_key_in_logs_metrics_or_database(self):
-        """After limits set, answers and refusals, no admin or relay key is in a log line, the metrics or the database."""
+    async def test_no_key_in_logs_metrics_database_or_dumps(self):
+        """
+        After limits set, answers, refusals and an upstream 400 (dumped), no
+        admin or relay key is in a log line, the metrics, the database or a dump.
+        """
         await self.call(self.limits.set, amount="1", period="daily", scope={"type": "user", "user_id": "alice"})
         await self.until_refused(KEYS[0])
         await self.message(KEYS[1])
+        # A request the upstream refuses (no max_tokens) is dumped, with the
+        # relay key and the admin key among its headers.
+        refused = await treq.post(
+            self.served.url + "/v1/messages",
+            b'{"model": "claude-opus-5-5", "messages": [{"role": "user", "content": "hi"}]}',
+            headers={"content-type": "application/json", "x-api-key": KEYS[1].key, "x-admin-echo": ADMIN.key},
+            persistent=False,
+        )
+        self.assertEqual(refused.code, 400)
+        await refused.content()
+        dumped = b""
+        for _ in range(200):
+            if os.path.isdir(self.dumps) and os.listdir(self.dumps):
+                break
+            await deferLater(reactor, 0.02, lambda: None)
+        for folder, _, files in os.walk(self.dumps):
+            for name in files:
+                with open(os.path.join(folder, name), "rb") as f:
+                    dumped += f.read()
+        self.assertIn(b"max_tokens", dumped)
         metrics = await treq.get(self.served.url + "/metrics", persistent=False)
         text = (await metrics.content()).decode("utf-8")
         self.assertIn("relay_usage", text)
@@ -252,6 +278,7 @@ class SpendLimitTests(TestCase):
         for key in (ADMIN, *KEYS):
             self.assertNotIn(key.key, text)
             self.assertNotIn(key.key.encode(), stored)
+            self.assertNotIn(key.key.encode(), dumped)
             self.assertFalse([line for line in self.logged if key.key in line], key.name)
 
 
