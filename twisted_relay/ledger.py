@@ -21,7 +21,6 @@ The database side is :mod:`twisted_relay.ledger_sql`.
 from __future__ import annotations
 
 from collections import deque
-from decimal import Decimal
 from typing import Iterable
 
 from twisted.application.service import Service
@@ -317,30 +316,11 @@ class Ledger(Service):
         """
         :meth:`LedgerDatabase.totals <twisted_relay.ledger_sql.LedgerDatabase.totals>`
         on the ledger's thread, after the writes already queued there.
-        Rows still in memory are not in it (see :meth:`spent`).
+        Rows still in memory are not in it (see :meth:`unwritten`).
         """
         if self._pool is None:
             return succeed([])
         return deferToThreadPool(self._reactor, self._pool, self.database.totals, tuple(by), **conditions)
-
-    def spent(
-        self, since: float | None = None, *, key_name: str | None = None, key_group: str | None = None
-    ) -> "Deferred[Decimal]":
-        """
-        What was spent (US dollars) since ``since`` by one key name, one group
-        or the whole relay: the ledger's rows (those of every relay writing
-        to it) and this process's rows not written yet, each counted once.
-        """
-        if self._pool is None:
-            return succeed(self._unwritten_cost(since, key_name, key_group))
-        d = deferToThreadPool(
-            self._reactor, self._pool, self.database.spent, since, key_name=key_name, key_group=key_group
-        )
-        # Read on the writer's thread, the rows in memory are added when the
-        # result is back: a batch sent before the read was written by then
-        # (and has left memory), one sent after is still in memory.
-        d.addCallback(lambda written: written + self._unwritten_cost(since, key_name, key_group))
-        return d
 
     def unwritten(self) -> list[UsageRecord]:
         """This process's records not written yet (queued, or in the write under way)."""
@@ -356,12 +336,3 @@ class Ledger(Service):
         if self._pool is None:
             return fail(LedgerError("the usage ledger is not running"))
         return deferToThreadPool(self._reactor, self._pool, work, self.database, *args)
-
-    def _unwritten_cost(self, since, key_name, key_group) -> Decimal:
-        total = Decimal(0)
-        for record in (*self._batch, *self._queue):
-            if record.cost is None or (since is not None and record.at < since):
-                continue
-            if (key_name is None or record.key_name == key_name) and (key_group is None or record.key_group == key_group):
-                total += record.cost
-        return total

@@ -11,7 +11,7 @@ a database by the ``--usage-db`` value (a file path, ``sqlite:PATH`` or a
 ``postgresql://`` URL); :class:`LedgerDatabase` writes batches
 (:meth:`~LedgerDatabase.write`), prunes old rows and adds up usage by key,
 group, model, session, day or upstream over a time range
-(:meth:`~LedgerDatabase.totals`, :meth:`~LedgerDatabase.spent`).
+(:meth:`~LedgerDatabase.totals`).
 
 Every call blocks: the ledger service (:mod:`twisted_relay.ledger`) makes
 them on its own thread, ``twisted-relay-usage`` directly. No Twisted here.
@@ -292,7 +292,7 @@ class LedgerDatabase:
 
     def open(self) -> None:
         """Connect, and make the tables if they are missing (idempotent)."""
-        self._run(self._check_schema)
+        self.run(self._check_schema)
 
     def close(self) -> None:
         """Let go of the connection (the next call connects again)."""
@@ -320,21 +320,21 @@ class LedgerDatabase:
             added = 0
             for start in range(0, len(rows), _ROWS_A_STATEMENT):
                 chunk = rows[start : start + _ROWS_A_STATEMENT]
-                cursor.execute(self._sql(_insert(len(chunk))), [value for row in chunk for value in row])
+                cursor.execute(self.sql(_insert(len(chunk))), [value for row in chunk for value in row])
                 added += max(cursor.rowcount, 0)
             return added
 
-        return self._run(insert)
+        return self.run(insert)
 
     def prune(self, before: float) -> int:
         """Delete the rows of requests that arrived before ``before`` (Unix time); return how many."""
 
         def delete(connection):
             cursor = connection.cursor()
-            cursor.execute(self._sql("DELETE FROM relay_usage WHERE at < ?"), (float(before),))
+            cursor.execute(self.sql("DELETE FROM relay_usage WHERE at < ?"), (float(before),))
             return max(cursor.rowcount, 0)
 
-        return self._run(delete)
+        return self.run(delete)
 
     def totals(
         self,
@@ -375,11 +375,11 @@ class LedgerDatabase:
 
         def select(connection):
             cursor = connection.cursor()
-            cursor.execute(self._sql(query), parameters)
+            cursor.execute(self.sql(query), parameters)
             return cursor.fetchall()
 
         found = []
-        for row in self._run(select):
+        for row in self.run(select):
             group = dict(zip(by, row[: len(by)]))
             row = row[len(by):]
             if not row[0]:
@@ -401,30 +401,8 @@ class LedgerDatabase:
         found.sort(key=lambda t: tuple((v is not None, v or "") for v in t.group.values()))
         return found
 
-    def spent(self, since: float | None = None, *, key_name: str | None = None, key_group: str | None = None) -> Decimal:
-        """What was spent (US dollars, priced requests) since ``since``, by one key, one group or all."""
-        where, parameters = _conditions(since, None, key_name, key_group)
-
-        def select(connection):
-            cursor = connection.cursor()
-            cursor.execute(self._sql("SELECT SUM(cost_pico_usd) FROM relay_usage" + where), parameters)
-            return cursor.fetchone()[0]
-
-        return _dollars(self._run(select))
-
-    def run(self, work):
-        """
-        Run ``work(connection)`` in one transaction, committed; on a database
-        error raise :class:`LedgerError` (for the other tables of the
-        database, :mod:`twisted_relay.spend_limits_sql`).
-        """
-        return self._run(work)
-
     def sql(self, text: str) -> str:
         """``text`` with its ``?`` placeholders as this database's driver takes them."""
-        return self._sql(text)
-
-    def _sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
     def _check_schema(self, connection) -> None:
@@ -436,16 +414,16 @@ class LedgerDatabase:
             self._lock_schema(cursor)
             for statement in _SCHEMA:
                 cursor.execute(statement)
-        cursor.execute(self._sql("SELECT value FROM relay_usage_meta WHERE name = ?"), ("schema_version",))
+        cursor.execute(self.sql("SELECT value FROM relay_usage_meta WHERE name = ?"), ("schema_version",))
         found = cursor.fetchone()
         if found is None and self._create:
             cursor.execute(
-                self._sql("INSERT INTO relay_usage_meta (name, value) VALUES (?, ?)"), ("schema_version", str(SCHEMA_VERSION))
+                self.sql("INSERT INTO relay_usage_meta (name, value) VALUES (?, ?)"), ("schema_version", str(SCHEMA_VERSION))
             )
         elif found is not None and int(found[0]) < SCHEMA_VERSION and self._create:
             # The new tables were made above; the old ones are unchanged.
             cursor.execute(
-                self._sql("UPDATE relay_usage_meta SET value = ? WHERE name = ?"), (str(SCHEMA_VERSION), "schema_version")
+                self.sql("UPDATE relay_usage_meta SET value = ? WHERE name = ?"), (str(SCHEMA_VERSION), "schema_version")
             )
         elif found is not None and int(found[0]) > SCHEMA_VERSION:
             raise LedgerError(
@@ -454,10 +432,11 @@ class LedgerDatabase:
             )
         connection.commit()
 
-    def _run(self, work):
+    def run(self, work):
         """
         Run ``work(connection)`` in one transaction, committed; on a database
-        error, drop the connection and raise :class:`LedgerError`.
+        error, drop the connection and raise :class:`LedgerError` (for the
+        database's other tables too: :mod:`twisted_relay.spend_limits_sql`).
         """
         try:
             if self._connection is None:
