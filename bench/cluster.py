@@ -38,6 +38,7 @@ answers; each relay's ``/metrics`` gives its thread hits and misses.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -390,7 +391,9 @@ def thread_lookups(port: int) -> dict:
     try:
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (port,), timeout=2) as response:
             text = response.read().decode()
-    except OSError:
+    except (OSError, http.client.HTTPException):
+        # Refused, or cut short as the relay exits (prometheus_client serves
+        # /metrics from the reactor's thread pool, which stops with it).
         return {}
     return {
         outcome: int(float(value))
