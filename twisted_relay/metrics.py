@@ -222,6 +222,7 @@ class RelayMetrics:
 
     def __init__(self, dumps=None):
         self._children: dict = {}
+        self._usage_children: dict = {}
         self._dumps = dumps
         self._count_active = None
         self._thread_store = None
@@ -343,6 +344,10 @@ class RelayMetrics:
             usage_labels,
             registry=self.registry,
         )
+        self._usage_kinds = tuple(
+            [(kind, self.usage_tokens, label) for kind, label in _TOKEN_LABELS]
+            + [(kind, self.usage_tool_requests, label) for kind, label in _TOOL_LABELS]
+        )
         self._priced_models: frozenset = frozenset()
         self._unpriced_models: set = set()
         self._unpriced_said: set = set()
@@ -392,21 +397,31 @@ class RelayMetrics:
         price (to be said once in the log).
         """
         key = NO_KEY_LABEL if record.key_name is None else record.key_name
-        group = record.key_group or ""
-        model = self._model_label(record.model)
-        labelled, tokens = self.labelled, record.tokens
-        labelled(self.usage_answers, key, group, model, str(not record.partial).lower(),
-                 str(record.cost is not None).lower()).inc()
-        for kind, label in _TOKEN_LABELS:
+        labels = (key, record.key_group or "", self._model_label(record.model))
+        # The children of one label set, looked up once (once an answer, on the reactor).
+        children = self._usage_children.get(labels)
+        if children is None:
+            children = self._usage_children[labels] = {}
+        priced = record.cost is not None
+        answers = children.get((not record.partial, priced))
+        if answers is None:
+            answers = children[not record.partial, priced] = self.usage_answers.labels(
+                *labels, str(not record.partial).lower(), str(priced).lower()
+            )
+        answers.inc()
+        tokens = record.tokens
+        for kind, metric, label in self._usage_kinds:
             count = tokens.get(kind, 0)
             if count:
-                labelled(self.usage_tokens, key, group, model, label).inc(count)
-        for kind, label in _TOOL_LABELS:
-            count = tokens.get(kind, 0)
-            if count:
-                labelled(self.usage_tool_requests, key, group, model, label).inc(count)
-        if record.cost is not None:
-            labelled(self.usage_cost, key, group, model).inc(float(record.cost))
+                child = children.get(kind)
+                if child is None:
+                    child = children[kind] = metric.labels(*labels, label)
+                child.inc(count)
+        if priced:
+            child = children.get("cost")
+            if child is None:
+                child = children["cost"] = self.usage_cost.labels(*labels)
+            child.inc(float(record.cost))
             return False
         said = self._unpriced_said
         if record.model in said or len(said) >= 10 * MAX_UNPRICED_MODELS:

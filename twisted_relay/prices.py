@@ -162,8 +162,14 @@ class PriceTable:
                     return None
                 factor *= price.fast
             rates = price.rates_for(tokens)
-            total += factor * sum(tokens.get(kind, 0) * rates[kind] for kind in PRICED_KINDS) / _MILLION
-        return total + web_search_requests * self.web_search + web_fetch_requests * self.web_fetch
+            # Decimal arithmetic is slow next to int's: only the kinds used.
+            part = sum(count * rates[kind] for kind in PRICED_KINDS if (count := tokens.get(kind, 0)))
+            total += (part if factor == 1 else factor * part) / _MILLION
+        if web_search_requests:
+            total += web_search_requests * self.web_search
+        if web_fetch_requests:
+            total += web_fetch_requests * self.web_fetch
+        return total
 
     def with_models(self, models: Mapping[str, ModelPrice], **changes) -> "PriceTable":
         """This table with ``models`` added (replacing those of the same id) and other fields changed."""
