@@ -486,6 +486,15 @@ class Answer:
         meter, self._meter = self._meter, None
         if meter is None:
             return
+        status = self._response.code if status is None else status
+        turn_end = self._context.turn_end
+        if turn_end is None:
+            self._record(meter, partial, status)
+        else:
+            turn_end.add(lambda: self._record(meter, partial, status))
+
+    def _record(self, meter: AnswerMeter, partial: bool, status: int) -> None:
+        """Make the answer's usage record, count it and hand it to the ledger."""
         context, relayed = self._context, self._relayed
         try:
             record = meter.record(
@@ -494,7 +503,7 @@ class Answer:
                 relay_key=relayed.relay_key,
                 attribution=relayed.attribution,
                 upstream=self._exchange.attempt.upstream.name,
-                status=self._response.code if status is None else status,
+                status=status,
                 stream=relayed.stream,
                 partial=partial,
             )

@@ -58,6 +58,7 @@ from twisted_relay.relayed_request import (
 )
 from twisted_relay.routing import RetryRule, Router
 from twisted_relay.spend_guard import SpendGuard, delete_route, effective_route, list_route, retrieve_route, set_route
+from twisted_relay.turn_batch import TurnBatch
 from twisted_relay.upstream import UpstreamClient, UpstreamClients
 
 __all__ = ["RelayApp"]
@@ -109,6 +110,8 @@ class RelayApp:
         self.requests = InFlight(reactor)
         # Request starts spread over reactor turns (docs/architecture.md, "Request starts, paced").
         self.starts = StartPacer(reactor)
+        # Answers metered together at the end of each reactor turn (turn_batch.py).
+        self.turn_end = TurnBatch(reactor)
         self.bodies = bodies if bodies is not None else BodyPool(reactor)
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Message threads held by the relay (docs/threads.md).
@@ -130,6 +133,7 @@ class RelayApp:
             in_flight=self.requests,
             ledger=ledger,
             starts=self.starts,
+            turn_end=self.turn_end,
             bodies=self.bodies,
             # Spend limits live in the ledger's database (docs/usage.md).
             spend=SpendGuard(ledger, reactor=reactor, refresh_interval=config.spend_refresh_interval)
@@ -312,7 +316,14 @@ class RelayApp:
         Say 503 at ``/ready``; fire when the requests in flight are done, or
         after ``grace`` seconds, when the connections of the rest are closed.
         """
-        return self.requests.drain(grace)
+        d = self.requests.drain(grace)
+
+        def metered(result):
+            # The last answers' usage, before the ledger is stopped.
+            self.turn_end.run()
+            return result
+
+        return d.addBoth(metered)
 
 
 # The routes served by :class:`_DirectDispatch` (docs/architecture.md, "Two

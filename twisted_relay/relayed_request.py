@@ -95,6 +95,9 @@ class RequestContext:
         this process.
     :ivar spend: the spend limits (:class:`~twisted_relay.spend_guard.SpendGuard`),
         or ``None`` (no ledger).
+    :ivar turn_end: where an answer's metering waits for the end of the
+        reactor turn (:class:`~twisted_relay.turn_batch.TurnBatch`), or
+        ``None``: done at once.
     """
 
     config: RelayConfig
@@ -114,6 +117,7 @@ class RequestContext:
     admin_keys: tuple = ()
     bodies: Any = None
     spend: Any = None
+    turn_end: Any = None
 
 
 @dataclass(frozen=True, slots=True)
