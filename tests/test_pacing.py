@@ -10,6 +10,8 @@ from prometheus_client import generate_latest
 
 from twisted.internet.defer import CancelledError
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.pacing import StartPacer
@@ -53,6 +55,8 @@ class StartPacerTests(SynchronousTestCase):
         self.reactor = _Reactor()
         self.time = _Time()
         self.pacer = StartPacer(self.reactor, budget=0.001, patience=0.1, ratio=0.1, clock=self.time)
+        # A stream runs: starts are paced.
+        self.pacer.stream_began()
         self.started = []
         # What starting one request takes.
         self.cost = 0.0006
@@ -111,6 +115,18 @@ class StartPacerTests(SynchronousTestCase):
         self.next_turn()
         self.assertEqual((self.started, self.pacer.waiting), (["a", "c"], 0))
 
+    def test_no_stream_no_pacing(self):
+        """With no stream being relayed there is nothing to hold up: every request starts at once."""
+        self.pacer.stream_ended()
+        for name in "abcde":
+            self.ask(name)
+        self.assertEqual((self.started, self.pacer.waiting, self.reactor.calls), (list("abcde"), 0, []))
+        # A stream begins: the next burst is paced again.
+        self.pacer.stream_began()
+        for name in "fgh":
+            self.ask(name)
+        self.assertEqual((self.started[5:], self.pacer.waiting), (["f", "g"], 1))
+
     def test_lasting_overload_lets_turns_grow(self):
         """
         Once the oldest waiting request has waited past the patience, a turn
@@ -147,6 +163,8 @@ class RequestTurnTests(SynchronousTestCase):
         ticks = count()
         self.relay.app.starts.clock = lambda: float(next(ticks))
         self.turns = self.relay.app.starts.reactor = _Reactor()
+        # As if a stream were being relayed: starts are paced.
+        self.relay.app.starts.stream_began()
 
     def arrive(self):
         """Move bytes, and the clock, without a new turn of the pacer's."""
@@ -184,3 +202,42 @@ class RequestTurnTests(SynchronousTestCase):
         self.assertEqual((len(self.upstream.received), self.relay.app.in_flight), (1, 0))
         exposition = generate_latest(self.relay.app.metrics.registry).decode()
         self.assertIn('relay_requests_total{route="messages",status="499"} 1.0', exposition)
+
+
+class _HeldStream(Resource):
+    """An upstream that starts a stream and keeps it open until the test ends it."""
+
+    isLeaf = True
+
+    def __init__(self):
+        super().__init__()
+        self.held = []
+
+    def render(self, request):
+        request.setHeader(b"content-type", b"text/event-stream")
+        request.write(b'event: message_start\ndata: {"type": "message_start", "message": {"id": "msg_1", '
+                      b'"type": "message", "role": "assistant", "model": "m", "content": [], "usage": '
+                      b'{"input_tokens": 1, "output_tokens": 1}}}\n\n')
+        self.held.append(request)
+        return NOT_DONE_YET
+
+
+class StreamsCountedTests(SynchronousTestCase):
+    """The pacer knows how many streams are being relayed: it paces starts only while one is."""
+
+    def test_a_stream_counts_while_it_is_relayed(self):
+        upstream = _HeldStream()
+        config = RelayConfig(listen=(), upstreams=one_upstream(UPSTREAM_URL), dump_dir=None)
+        relay = InMemoryRelay(upstream, config)
+        starts = relay.app.starts
+        d = relay.post("/v1/messages", messages_body(stream=True))
+        relay.flush()
+        response = self.successResultOf(d)
+        self.assertEqual((response.code, starts.streams), (200, 1))
+        held = upstream.held.pop()
+        held.write(b'event: message_stop\ndata: {"type": "message_stop"}\n\n')
+        held.finish()
+        body = response.content()
+        relay.flush()
+        self.assertIn(b"message_stop", self.successResultOf(body))
+        self.assertEqual(starts.streams, 0)

@@ -428,6 +428,10 @@ class Answer:
         request.registerProducer(gate, True)
         response.deliverBody(gate)
         metrics.active_streams.inc()
+        starts = context.starts
+        if starts is not None:
+            # Request starts are paced while a stream runs (pacing.py).
+            starts.stream_began()
         # How the stream ended, for its usage record: cut short, and the
         # status the client got (the client leaving: CLIENT_GONE_STATUS).
         partial, status = True, response.code
@@ -457,6 +461,8 @@ class Answer:
         finally:
             self._meter_end(partial=partial, status=status)
             metrics.active_streams.dec()
+            if starts is not None:
+                starts.stream_ended()
             # A request whose connection is gone has no channel left to
             # unregister from (it let go of its producer then).
             if request.channel is not None:

@@ -24,6 +24,12 @@ starts wait), instead of the reactor reading one event per read and
 spending its time in system calls. A request that waits is in flight
 already (the drain waits for it), and its client's leaving cancels it
 like any other.
+
+Only while a stream is being relayed: with none running there is nothing
+a burst of starts would hold up, and spreading them would only cost the
+reactor more turns (each a ``epoll`` call and a round of timers): on small
+non-streaming requests alone (S3), pacing them cost 3 to 4 % of the
+requests a second (``docs/benchmarks.md``, "Request starts, paced").
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class StartPacer:
         self._turn_began: float | None = None
         # How long this turn may start requests for, after its first.
         self._allowed = budget
+        #: How many streams are being relayed (:meth:`stream_began`, :meth:`stream_ended`).
+        self.streams = 0
 
     @property
     def waiting(self) -> int:
@@ -76,14 +84,22 @@ class StartPacer:
     def turn(self) -> Deferred:
         """
         Fire (with ``None``) when the caller may start its request: at once
-        if this turn has time left and nobody waits, else in a later turn.
-        Cancelling it gives up the place.
+        if no stream is being relayed, or this turn has time left and nobody
+        waits; else in a later turn. Cancelling it gives up the place.
         """
-        if not self._waiting and self._may_start():
+        if not self._waiting and (not self.streams or self._may_start()):
             return succeed(None)
         waiting: Deferred = Deferred()
         self._waiting.append((self.clock(), waiting))
         return waiting
+
+    def stream_began(self) -> None:
+        """A stream is being relayed: starts are paced while one is."""
+        self.streams += 1
+
+    def stream_ended(self) -> None:
+        """A stream :meth:`stream_began` counted has ended."""
+        self.streams -= 1
 
     def _may_start(self) -> bool:
         now = self.clock()
