@@ -156,12 +156,15 @@ RECORDED_STREAMS = {
 }
 
 
-def _through_gate(data: bytes, size: int):
-    """Stream ``data`` through an SSE gate in pieces of ``size`` bytes; the meter, the bytes out, the gate."""
+def _through_gate(data: bytes, size: int, seen: list | None = None):
+    """Stream ``data`` through an SSE gate in pieces of ``size`` bytes; the meter, the bytes out, the gate.
+    The names of the events read for usage go to ``seen``."""
     meter = AnswerMeter(DEFAULT_PRICES, "requested-model")
     written = []
 
     def usage(name: bytes, payload: dict) -> None:
+        if seen is not None:
+            seen.append(name)
         if name == b"message_delta":
             meter.message_delta(payload)
         else:
@@ -202,6 +205,25 @@ class RecordedStreamTests(SynchronousTestCase):
                 meter, _, gate = _through_gate(data.replace(b"\n", ending) + ending * 2, 61)
                 self.assertTrue(gate.message_stop_seen, (name, ending))
                 self.assertEqual(meter.cost(), (tokens, cost), (name, ending))
+
+    def test_text_that_names_the_events(self) -> None:
+        """Text deltas that write out the events' names (as a model explaining SSE
+        does) pass unchanged at every split, and the usage is read once."""
+        with open(os.path.join(FIXTURES, "recorded-usage/py_stream-b-fallback.sse"), "rb") as f:
+            data = f.read()
+        model, tokens, cost = RECORDED_STREAMS["recorded-usage/py_stream-b-fallback.sse"]
+        text = ('event: message_delta\\ndata: {\\"usage\\": {\\"output_tokens\\": 9}} '
+                "then message_stop, message_start and an error")
+        delta = ('event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                 '"delta":{"type":"text_delta","text":"%s"}}\n\n' % (text,)).encode()
+        at = data.index(b"event: content_block_delta")
+        data = data[:at] + delta * 3 + data[at:]
+        for size in (*range(1, 40), 97, len(data)):
+            seen = []
+            meter, written, gate = _through_gate(data, size, seen)
+            self.assertTrue(written.startswith(data.rstrip(b"\n")), size)
+            self.assertEqual(seen, [b"message_start", b"message_delta"], size)
+            self.assertEqual(meter.cost(), (tokens, cost), size)
 
     def test_today_usage_kept_whole(self) -> None:
         """Every field the upstream reported stays in the record's usage: the cache split and
