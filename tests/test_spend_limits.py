@@ -544,3 +544,49 @@ class GuardTests(TestCase):
         guard.know(limit)
         standing = await guard.standing("bob", None)
         self.assertEqual((standing.exceeded, standing.spent_cents), (True, Decimal(5)))
+
+    async def test_usage_not_yet_written_counts_in_its_own_window(self):
+        """
+        What this relay recorded since its last read counts in the window it
+        fell in, by key, group and relay: a daily cap leaves out yesterday's
+        usage, a weekly one keeps it; another key counts only in the relay's.
+        """
+        from twisted_relay.ledger import Ledger
+        from twisted_relay.ledger_sql import open_ledger
+        from twisted_relay.spend_guard import SpendGuard
+        from twisted_relay.spend_limits import window_start
+        from twisted_relay.spend_limits_sql import delete_limit, set_limit
+
+        from tests.ledger_records import usage_record
+
+        folder = self.mktemp()
+        os.makedirs(folder)
+        # Rows stay unwritten: only the guard's own count sees them.
+        ledger = Ledger(open_ledger(os.path.join(folder, "usage.sqlite")), reactor=reactor, flush_interval=60)
+        ledger.startService()
+        self.addCleanup(ledger.stopService)
+        # Two hours into a Wednesday (UTC).
+        today = window_start("daily", time.time())
+        while time.gmtime(today).tm_wday != 2:
+            today -= 86400
+        now = today + 7200
+        guard = SpendGuard(ledger, reactor=reactor, refresh_interval=60, clock=lambda: now)
+        self.assertIsNone(await guard.standing("alice", "team-a"))
+        for number, (at, name, group, dollars) in enumerate([
+            (now - 3 * 3600, "alice", "team-a", "0.10"),  # yesterday
+            (now - 3600, "alice", "team-a", "0.05"),
+            (now - 1800, "bob", None, "0.02"),
+        ]):
+            ledger.record(usage_record(number, at=at, key_name=name, key_group=group, cost=Decimal(dollars)))
+        expected = {
+            ("user", "alice", "daily"): 5, ("user", "alice", "weekly"): 15,
+            ("workspace", "team-a", "daily"): 5, ("organization", "", "daily"): 7,
+            ("organization", "", "weekly"): 17,
+        }
+        for (scope, scope_id, period), cents in expected.items():
+            limit = await ledger.on_database(set_limit, scope, scope_id, period, 1000)
+            guard.know(limit)
+            standing = await guard.standing("alice", "team-a")
+            self.assertEqual((standing.limit.id, standing.spent_cents), (limit.id, Decimal(cents)), (scope, period))
+            await ledger.on_database(delete_limit, limit.id)
+            guard.know(None, forget=limit.id)

@@ -340,6 +340,8 @@ class RelayedRequest:
         ``billing_error``, before anything is sent upstream); otherwise keep
         the headers its answer carries (:attr:`spend_headers`).
         """
+        if self.context.spend.uncapped():
+            return
         key = self.relay_key
         standing = await self.wait(
             ensureDeferred(self.context.spend.standing(key.name if key else None, key.group if key else None))

@@ -62,6 +62,17 @@ def _read_all(database, starts: dict[str, float]):
     return limits, spends
 
 
+
+def _scopes(key_name: str | None, key_group: str | None) -> list[tuple[str, str]]:
+    """The scopes a request with that key counts in (as ``_spent`` keys them): its key's, its group's, the relay's."""
+    scopes = [("organization", "")]
+    if key_name is not None:
+        scopes.append(("user", key_name))
+    if key_group is not None:
+        scopes.append(("workspace", key_group))
+    return scopes
+
+
 class SpendGuard:
     """
     The limits and the spend against them, as this relay knows them now.
@@ -80,14 +91,29 @@ class SpendGuard:
         self._limits: dict[str, SpendLimit] = {}
         # (period, window start) -> {(scope type, scope id): dollars}
         self._spent: dict[tuple[str, float], dict[tuple[str, str], Decimal]] = {}
-        # (at, key name, group, dollars) of the usage recorded since the last read.
-        self._recent: list[tuple[float, str | None, str | None, Decimal]] = []
+        # The usage recorded since the last read, added up as _spent is (one
+        # dict look-up a request, however many answers came since).
+        self._recent: dict[tuple[str, float], dict[tuple[str, str], Decimal]] = {}
+        # period -> (start, end) of the window the last recorded usage fell in.
+        self._windows: dict[str, tuple[float, float]] = {}
         self._read_at: float | None = None
         self._reading: Deferred | None = None
         self._failing = False
         ledger.listeners.append(self._recorded)
 
     # -- what the request path asks
+
+    def uncapped(self) -> bool:
+        """
+        Whether no cap applies to any request now: the limits were read and
+        none has an amount. The request path then asks nothing more (and a
+        refresh that is due starts here).
+        """
+        if self._read_at is None:
+            return False
+        if self._reactor.seconds() - self._read_at >= self._interval and self._reading is None:
+            self._refresh()
+        return all(limit.amount is None for limit in self._limits.values())
 
     async def standing(self, key_name: str | None, key_group: str | None) -> Standing | None:
         """The cap that describes a request by that key now, or ``None`` for a key with no cap."""
@@ -148,15 +174,24 @@ class SpendGuard:
     def _spent_on(self, limit: SpendLimit, now: float) -> Decimal:
         start = window_start(limit.period, now)
         scope = (limit.scope_type, limit.scope_id)
-        total = self._spent.get((limit.period, start), {}).get(scope, Decimal(0))
-        for at, name, group, cost in self._recent:
-            if at >= start and limit.applies_to(name, group):
-                total += cost
-        return total
+        return self._spent.get((limit.period, start), {}).get(scope, Decimal(0)) + self._recent.get(
+            (limit.period, start), {}
+        ).get(scope, Decimal(0))
+
 
     def _recorded(self, record) -> None:
         if record.cost is not None:
-            self._recent.append((record.at, record.key_name, record.key_group, record.cost))
+            self._add_recent(record.at, record.key_name, record.key_group, record.cost)
+
+    def _add_recent(self, at: float, key_name: str | None, key_group: str | None, cost: Decimal) -> None:
+        windows = self._windows
+        for period in PERIODS:
+            window = windows.get(period)
+            if window is None or not window[0] <= at < window[1]:
+                window = windows[period] = (window_start(period, at), window_end(period, at))
+            sums = self._recent.setdefault((period, window[0]), {})
+            for scope in _scopes(key_name, key_group):
+                sums[scope] = sums.get(scope, Decimal(0)) + cost
 
     # -- reading the database
 
@@ -177,13 +212,14 @@ class SpendGuard:
             scopes: dict[tuple[str, str], Decimal] = {}
             for line in totals:
                 name, group = line.group["key"], line.group["group"]
-                for scope in (("user", name), ("workspace", group), ("organization", "")):
-                    if scope[1] is not None:
-                        scopes[scope] = scopes.get(scope, Decimal(0)) + line.cost
+                for scope in _scopes(name, group):
+                    scopes[scope] = scopes.get(scope, Decimal(0)) + line.cost
             spent[(period, starts[period])] = scopes
         self._spent = spent
         # What the read did not see: the rows this process has not written yet.
-        self._recent = [(r.at, r.key_name, r.key_group, r.cost) for r in self._ledger.unwritten() if r.cost is not None]
+        self._recent = {}
+        for record in self._ledger.unwritten():
+            self._recorded(record)
         if self._failing:
             self._failing = False
             self.log.info("Spend limits read again from the usage ledger")
