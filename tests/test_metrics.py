@@ -6,6 +6,8 @@ sockets.
 
 from __future__ import annotations
 
+import os
+
 import treq
 from prometheus_client import generate_latest
 from twisted.internet.testing import MemoryReactorClock
@@ -117,3 +119,51 @@ class MetricsPageTests(TestCase):
         response = await treq.get("http://127.0.0.1:%d/metrics" % (port,), persistent=False)
         self.assertEqual(response.code, 404)
         await response.content()
+
+
+class UsageWithWorkersTests(SynchronousTestCase):
+    """With workers, a process's usage tally is copied to the shared files by sync(), and summed."""
+
+    def test_usage_reaches_the_shared_files(self):
+        import subprocess
+        import sys
+
+        folder = self.mktemp()
+        os.makedirs(folder)
+        script = (
+            "import sys\n"
+            "from decimal import Decimal\n"
+            "from prometheus_client import CollectorRegistry, generate_latest, multiprocess\n"
+            "from twisted_relay.metrics import RelayMetrics\n"
+            "from twisted_relay.usage import TOKEN_KINDS, UsageRecord\n"
+            "metrics = RelayMetrics()\n"
+            "metrics.know_models(['claude-sonnet-4-5'])\n"
+            "def record(output, partial):\n"
+            "    tokens = dict.fromkeys(TOKEN_KINDS, 0)\n"
+            "    tokens.update(input_tokens=10, output_tokens=output)\n"
+            "    return UsageRecord(at=0.0, request_id='rly_1', key_name='alice', key_group='team', session_id=None,\n"
+            "                       agent_id=None, parent_agent_id=None, upstream='default', model='claude-sonnet-4-5',\n"
+            "                       status=200, stream=True, partial=partial, tokens=tokens, cost=Decimal('0.25'))\n"
+            "metrics.count_usage(record(5, False))\n"
+            "metrics.sync()\n"
+            "metrics.count_usage(record(7, True))\n"
+            "metrics.sync()\n"
+            "metrics.sync()\n"
+            "registry = CollectorRegistry()\n"
+            "multiprocess.MultiProcessCollector(registry, sys.argv[1])\n"
+            "sys.stdout.write(generate_latest(registry).decode())\n"
+        )
+        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=folder)
+        result = subprocess.run([sys.executable, "-c", script, folder], capture_output=True, env=env, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr.decode()[-2000:])
+        text = result.stdout.decode()
+        # The shared files' collector sorts the labels.
+        who, model = 'group="team",key="alice"', 'model="claude-sonnet-4-5"'
+        for line in (
+            'relay_usage_tokens_total{%s,kind="output",%s} 12.0' % (who, model),
+            'relay_usage_tokens_total{%s,kind="input",%s} 20.0' % (who, model),
+            'relay_usage_answers_total{complete="true",%s,%s,priced="true"} 1.0' % (who, model),
+            'relay_usage_answers_total{complete="false",%s,%s,priced="true"} 1.0' % (who, model),
+            'relay_usage_cost_usd_total{%s,%s} 0.5' % (who, model),
+        ):
+            self.assertIn(line, text)

@@ -212,6 +212,84 @@ class _RouterCollector:
         yield resting
 
 
+
+#: The usage families: name, help, labels (``relay_usage_*``).
+_USAGE_FAMILIES = (
+    (
+        "relay_usage_answers",
+        "Messages answers metered, by relay key, group, model, whether complete (a stream the client "
+        "left or the upstream cut is partial) and whether the price table priced it.",
+        ["key", "group", "model", "complete", "priced"],
+    ),
+    (
+        "relay_usage_tokens",
+        "Tokens the upstream reported, by relay key, group, model and kind (input, output, "
+        "cache_write_5m, cache_write_1h, cache_read).",
+        ["key", "group", "model", "kind"],
+    ),
+    (
+        "relay_usage_server_tool_requests",
+        "Server tool requests the upstream reported, by relay key, group, model and tool.",
+        ["key", "group", "model", "tool"],
+    ),
+    (
+        "relay_usage_cost_usd",
+        "What the answers cost by the price table, in US dollars, by relay key, group and model "
+        "(answers the table does not price count in tokens only).",
+        ["key", "group", "model"],
+    ),
+)
+
+# Where each kind of usage is counted: (record's kind, family, label).
+_USAGE_KINDS = tuple(
+    [(kind, "relay_usage_tokens", label) for kind, label in _TOKEN_LABELS]
+    + [(kind, "relay_usage_server_tool_requests", label) for kind, label in _TOOL_LABELS]
+)
+
+
+class _UsageTally:
+    """The usage counters of one process, as plain numbers by (key, group, model)."""
+
+    def __init__(self):
+        # (key, group, model) -> {(family, extra label) or family: value}
+        self._counts: dict[tuple, dict] = {}
+
+    def count(self, record, labels: tuple) -> None:
+        """Count one record under ``labels`` (key, group, model)."""
+        counts = self._counts.get(labels)
+        if counts is None:
+            counts = self._counts[labels] = {}
+        priced = record.cost is not None
+        answers = ("relay_usage_answers", "true" if not record.partial else "false", "true" if priced else "false")
+        counts[answers] = counts.get(answers, 0) + 1
+        tokens = record.tokens
+        for kind, family, label in _USAGE_KINDS:
+            count = tokens.get(kind, 0)
+            if count:
+                counts[family, label] = counts.get((family, label), 0) + count
+        if priced:
+            counts["relay_usage_cost_usd",] = counts.get(("relay_usage_cost_usd",), 0.0) + float(record.cost)
+
+    def samples(self):
+        """``((family, *labels), value)`` for everything counted."""
+        for labels, counts in self._counts.items():
+            for (family, *extra), value in counts.items():
+                yield (family, *labels, *extra), value
+
+
+class _UsageCollector:
+    """Reads a :class:`_UsageTally` when metrics are scraped (one process)."""
+
+    def __init__(self, tally: _UsageTally):
+        self._tally = tally
+
+    def collect(self):
+        families = {name: CounterMetricFamily(name, doc, labels=labels) for name, doc, labels in _USAGE_FAMILIES}
+        for (family, *labels), value in self._tally.samples():
+            families[family].add_metric(labels, value)
+        yield from families.values()
+
+
 class RelayMetrics:
     """
     The relay's counters, gauges and histograms.
@@ -222,7 +300,6 @@ class RelayMetrics:
 
     def __init__(self, dumps=None):
         self._children: dict = {}
-        self._usage_children: dict = {}
         self._dumps = dumps
         self._count_active = None
         self._thread_store = None
@@ -316,38 +393,16 @@ class RelayMetrics:
             ["upstream"],
             registry=self.registry,
         )
-        usage_labels = ["key", "group", "model"]
-        self.usage_answers = Counter(
-            "relay_usage_answers",
-            "Messages answers metered, by relay key, group, model, whether complete (a stream the client "
-            "left or the upstream cut is partial) and whether the price table priced it.",
-            [*usage_labels, "complete", "priced"],
-            registry=self.registry,
-        )
-        self.usage_tokens = Counter(
-            "relay_usage_tokens",
-            "Tokens the upstream reported, by relay key, group, model and kind (input, output, "
-            "cache_write_5m, cache_write_1h, cache_read).",
-            [*usage_labels, "kind"],
-            registry=self.registry,
-        )
-        self.usage_tool_requests = Counter(
-            "relay_usage_server_tool_requests",
-            "Server tool requests the upstream reported, by relay key, group, model and tool.",
-            [*usage_labels, "tool"],
-            registry=self.registry,
-        )
-        self.usage_cost = Counter(
-            "relay_usage_cost_usd",
-            "What the answers cost by the price table, in US dollars, by relay key, group and model "
-            "(answers the table does not price count in tokens only).",
-            usage_labels,
-            registry=self.registry,
-        )
-        self._usage_kinds = tuple(
-            [(kind, self.usage_tokens, label) for kind, label in _TOKEN_LABELS]
-            + [(kind, self.usage_tool_requests, label) for kind, label in _TOOL_LABELS]
-        )
+        # Usage is tallied as plain numbers (once an answer, on the reactor: no
+        # prometheus_client lock and checks per increment); read when scraped
+        # in one process, copied to the shared files every second with workers.
+        self._usage = _UsageTally()
+        if self.multiprocess:
+            self._usage_counters = {name: Counter(name, doc, labels, registry=self.registry)
+                                    for name, doc, labels in _USAGE_FAMILIES}
+            self._usage_copied: dict = {}
+        else:
+            self.registry.register(_UsageCollector(self._usage))
         self._priced_models: frozenset = frozenset()
         self._unpriced_models: set = set()
         self._unpriced_said: set = set()
@@ -397,31 +452,8 @@ class RelayMetrics:
         price (to be said once in the log).
         """
         key = NO_KEY_LABEL if record.key_name is None else record.key_name
-        labels = (key, record.key_group or "", self._model_label(record.model))
-        # The children of one label set, looked up once (once an answer, on the reactor).
-        children = self._usage_children.get(labels)
-        if children is None:
-            children = self._usage_children[labels] = {}
-        priced = record.cost is not None
-        answers = children.get((not record.partial, priced))
-        if answers is None:
-            answers = children[not record.partial, priced] = self.usage_answers.labels(
-                *labels, str(not record.partial).lower(), str(priced).lower()
-            )
-        answers.inc()
-        tokens = record.tokens
-        for kind, metric, label in self._usage_kinds:
-            count = tokens.get(kind, 0)
-            if count:
-                child = children.get(kind)
-                if child is None:
-                    child = children[kind] = metric.labels(*labels, label)
-                child.inc(count)
-        if priced:
-            child = children.get("cost")
-            if child is None:
-                child = children["cost"] = self.usage_cost.labels(*labels)
-            child.inc(float(record.cost))
+        self._usage.count(record, (key, record.key_group or "", self._model_label(record.model)))
+        if record.cost is not None:
             return False
         said = self._unpriced_said
         if record.model in said or len(said) >= 10 * MAX_UNPRICED_MODELS:
@@ -510,6 +542,11 @@ class RelayMetrics:
             for name, state, resting in _router_figures(self._router()):
                 self.labelled(self.breaker_state, name).set(state)
                 self.labelled(self.keys_resting, name).set(resting)
+        for (name, *labels), value in list(self._usage.samples()):
+            copied = self._usage_copied.get((name, *labels), 0)
+            if value > copied:
+                self.labelled(self._usage_counters[name], *labels).inc(value - copied)
+                self._usage_copied[(name, *labels)] = value
         if self._dumps is not None:
             for outcome, before in self._dumps_counted.items():
                 now = getattr(self._dumps, outcome, 0)
