@@ -203,13 +203,14 @@ class InMemoryRelay:
         self.stub = HTTPClient(self.agent, data_to_body_producer=BytesProducer)
 
     def flush(self, rounds: int = 30) -> None:
-        """Move bytes both ways until nothing is left to move."""
+        """Move bytes both ways until nothing is left to move; then meter the answers that ended."""
         for _ in range(rounds):
             self.clock.advance(0)
             if not self.network.flush():
                 self.clock.advance(0)
                 if not self.network.flush():
                     break
+        self.app.batch.run()
 
     def post(self, path: str, body, headers=None):
         """Start a POST; the returned Deferred fires after :meth:`flush`."""

@@ -40,7 +40,7 @@ LAYERS = (
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream")),
     ("streaming", ("sse_events", "sse")),
     ("records", ("dumps", "metrics", "spend_limits_sql", "ledger_sql", "ledger")),
-    ("the request path", ("drain", "pacing", "turn_batch", "answer", "attempts", "relayed_request", "app", "site", "admin", "spend_guard")),
+    ("the request path", ("drain", "pacing", "batch", "answer", "attempts", "relayed_request", "app", "site", "admin", "spend_guard")),
     ("tools", ("replay", "demo", "simulated", "ledger_report")),
     ("the process", ("gctuning", "service", "workers", "worker_process", "tap")),
 )

@@ -118,6 +118,8 @@ class UsagePageTests(TestCase):
             response = await self.post(key.key, model)
             self.assertEqual(response.code, 200, await response.text())
             await response.content()
+        # The answers metered a moment ago, then their rows written.
+        self.served.relay.app.batch.run()
         await self.served.relay.ledger.flush()
         ledger = self.ledger_by_key()
         self.assertEqual({name: count for name, (_, count) in ledger.items()}, {"alice": 5, "bob": 3, "carol": 2})
@@ -166,6 +168,8 @@ class UsagePageTests(TestCase):
 
     async def test_ledger_unreadable(self):
         """A ledger the relay cannot read: 503 in Anthropic's shape, not a traceback."""
+        # The answers metered a moment ago, then their rows written.
+        self.served.relay.app.batch.run()
         await self.served.relay.ledger.flush()
         with sqlite3.connect(self.db) as connection:
             connection.execute("DROP TABLE relay_usage")
@@ -186,6 +190,8 @@ class UsagePageTests(TestCase):
         self.assertEqual(body["error"]["type"], "authentication_error")
         self.assertNotIn(ADMIN.key, str(body))
         self.assertEqual(response.headers.getRawHeaders(b"x-should-retry"), [b"false"])
+        # The answers metered a moment ago, then their rows written.
+        self.served.relay.app.batch.run()
         await self.served.relay.ledger.flush()
         self.assertEqual(self.ledger_by_key(), {})
 

@@ -493,11 +493,11 @@ class Answer:
         if meter is None:
             return
         status = self._response.code if status is None else status
-        turn_end = self._context.turn_end
-        if turn_end is None:
+        batch = self._context.batch
+        if batch is None:
             self._record(meter, partial, status)
         else:
-            turn_end.add(lambda: self._record(meter, partial, status))
+            batch.add(lambda: self._record(meter, partial, status))
 
     def _record(self, meter: AnswerMeter, partial: bool, status: int) -> None:
         """Make the answer's usage record, count it and hand it to the ledger."""

@@ -38,6 +38,7 @@ from twisted_relay.answer import (
     error_answer,
     stamp_request_id,
 )
+from twisted_relay.batch import Batch
 from twisted_relay.body_pool import BodyPool
 from twisted_relay.config import RelayConfig
 from twisted_relay.drain import InFlight
@@ -58,7 +59,6 @@ from twisted_relay.relayed_request import (
 )
 from twisted_relay.routing import RetryRule, Router
 from twisted_relay.spend_guard import SpendGuard, delete_route, effective_route, list_route, retrieve_route, set_route
-from twisted_relay.turn_batch import TurnBatch
 from twisted_relay.upstream import UpstreamClient, UpstreamClients
 
 __all__ = ["RelayApp"]
@@ -110,8 +110,8 @@ class RelayApp:
         self.requests = InFlight(reactor)
         # Request starts spread over reactor turns (docs/architecture.md, "Request starts, paced").
         self.starts = StartPacer(reactor)
-        # Answers metered together at the end of each reactor turn (turn_batch.py).
-        self.turn_end = TurnBatch(reactor)
+        # Answers metered together, a batch at most every 50 ms (batch.py).
+        self.batch = Batch(reactor)
         self.bodies = bodies if bodies is not None else BodyPool(reactor)
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Message threads held by the relay (docs/threads.md).
@@ -133,7 +133,7 @@ class RelayApp:
             in_flight=self.requests,
             ledger=ledger,
             starts=self.starts,
-            turn_end=self.turn_end,
+            batch=self.batch,
             bodies=self.bodies,
             # Spend limits live in the ledger's database (docs/usage.md).
             spend=SpendGuard(ledger, reactor=reactor, refresh_interval=config.spend_refresh_interval)
@@ -234,12 +234,15 @@ class RelayApp:
         if not self._context.config.metrics:
             raise NotFound()
         stamp_request_id(request)
+        # The answers metered a moment ago are counted first.
+        self.batch.run()
         return self.metrics.resource()
 
     @app.route("/admin/usage", methods=["GET"])
     async def admin_usage(self, request):
         """The usage page: spend per relay key and per day against its cap (admin key)."""
         stamp_request_id(request)
+        self.batch.run()
         try:
             return await usage_page(self._context, request)
         except RelayError as e:
@@ -272,6 +275,8 @@ class RelayApp:
 
     async def _admin(self, request, route, *args):
         stamp_request_id(request)
+        # Spend read here includes the answers metered a moment ago.
+        self.batch.run()
         try:
             return await route(self._context, request, *args)
         except RelayError as e:
@@ -320,7 +325,7 @@ class RelayApp:
 
         def metered(result):
             # The last answers' usage, before the ledger is stopped.
-            self.turn_end.run()
+            self.batch.run()
             return result
 
         return d.addBoth(metered)

@@ -95,9 +95,9 @@ class RequestContext:
         this process.
     :ivar spend: the spend limits (:class:`~twisted_relay.spend_guard.SpendGuard`),
         or ``None`` (no ledger).
-    :ivar turn_end: where an answer's metering waits for the end of the
-        reactor turn (:class:`~twisted_relay.turn_batch.TurnBatch`), or
-        ``None``: done at once.
+    :ivar batch: where an answer's metering waits a moment for others
+        (:class:`~twisted_relay.batch.Batch`; run it before reading usage),
+        or ``None``: done at once.
     """
 
     config: RelayConfig
@@ -117,7 +117,7 @@ class RequestContext:
     admin_keys: tuple = ()
     bodies: Any = None
     spend: Any = None
-    turn_end: Any = None
+    batch: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +342,9 @@ class RelayedRequest:
         """
         if self.context.spend.uncapped():
             return
+        if self.context.batch is not None:
+            # The answers metered a moment ago count against the cap.
+            self.context.batch.run()
         key = self.relay_key
         standing = await self.wait(
             ensureDeferred(self.context.spend.standing(key.name if key else None, key.group if key else None))
