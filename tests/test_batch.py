@@ -40,3 +40,13 @@ class BatchTests(SynchronousTestCase):
         clock.advance(1)
         self.assertEqual(done, [2])
         self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+
+    def test_closed_runs_each_call_at_once(self):
+        """After close() (the relay stopping), what waits has run and each new call runs as it is added."""
+        clock, done = Clock(), []
+        batch = Batch(clock)
+        batch.add(lambda: done.append(1))
+        batch.close()
+        self.assertEqual(done, [1])
+        batch.add(lambda: done.append(2))
+        self.assertEqual((done, clock.getDelayedCalls()), ([1, 2], []))

@@ -324,8 +324,9 @@ class RelayApp:
         d = self.requests.drain(grace)
 
         def metered(result):
-            # The last answers' usage, before the ledger is stopped.
-            self.batch.run()
+            # The last answers' usage, before the ledger is stopped; an
+            # answer cut at the grace's end is metered as it ends.
+            self.batch.close()
             return result
 
         return d.addBoth(metered)

@@ -43,6 +43,7 @@ class Batch:
         self._delay = delay
         self._pending: list[Callable[[], object]] = []
         self._call = None
+        self._closed = False
 
     @property
     def pending(self) -> int:
@@ -50,10 +51,17 @@ class Batch:
         return len(self._pending)
 
     def add(self, work: Callable[[], object]) -> None:
-        """Call ``work()`` within the delay (or at :meth:`run`)."""
+        """Call ``work()`` within the delay (or at :meth:`run`; at once after :meth:`close`)."""
         self._pending.append(work)
-        if self._call is None:
+        if self._closed:
+            self.run()
+        elif self._call is None:
             self._call = self._reactor.callLater(self._delay, self.run)
+
+    def close(self) -> None:
+        """Run what waits, and from now on every call at once (the relay is stopping)."""
+        self._closed = True
+        self.run()
 
     def run(self) -> None:
         """Run every call that waits, now; one that raises is logged and the rest still run."""
