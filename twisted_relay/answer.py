@@ -459,10 +459,10 @@ class Answer:
         else:
             self._attempts.settle(failed_inside[0])
         finally:
-            self._meter_end(partial=partial, status=status)
             metrics.active_streams.dec()
             if starts is not None:
                 starts.stream_ended()
+            self._meter_end(partial=partial, status=status)
             # A request whose connection is gone has no channel left to
             # unregister from (it let go of its producer then).
             if request.channel is not None:

@@ -234,8 +234,10 @@ class RelayApp:
         if not self._context.config.metrics:
             raise NotFound()
         stamp_request_id(request)
-        # The answers metered a moment ago are counted first.
+        # The answers metered a moment ago are counted first (and with
+        # workers, this process's counts copied to the shared files).
         self.batch.run()
+        self.metrics.sync()
         return self.metrics.resource()
 
     @app.route("/admin/usage", methods=["GET"])
@@ -327,6 +329,8 @@ class RelayApp:
             # The last answers' usage, before the ledger is stopped; an
             # answer cut at the grace's end is metered as it ends.
             self.batch.close()
+            # With workers, this process's last counts reach the shared files.
+            self.metrics.sync()
             return result
 
         return d.addBoth(metered)

@@ -272,8 +272,10 @@ class _UsageTally:
 
     def samples(self):
         """``((family, *labels), value)`` for everything counted."""
-        for labels, counts in self._counts.items():
-            for (family, *extra), value in counts.items():
+        # Copies: a scrape reads on the reactor's thread pool while the
+        # reactor thread counts (copying a dict is atomic, walking it is not).
+        for labels, counts in list(self._counts.items()):
+            for (family, *extra), value in list(counts.items()):
                 yield (family, *labels, *extra), value
 
 

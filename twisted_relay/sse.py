@@ -75,12 +75,11 @@ _GATED_NAME_ENDS = (b"_start\n", _ERROR + b"\n", _MESSAGE_STOP + b"\n")
 _CONTENT_BLOCK_DELTA = b"content_block_delta"
 _SIGNATURE_DELTA = b'"signature_delta"'
 _GATED_WITH_SIGNATURES = (*_GATED_NAME_ENDS, _SIGNATURE_DELTA)
-# With a usage reader, the message_delta that ends an answer (once a stream)
-# too: "message_" finds it, message_stop and message_start (whose "_start"
-# is already found) in one search a read instead of two; an event whose
-# text mentions the word is then framed on its own, to no other effect.
-_GATED_WITH_USAGE = (b"_start\n", b"message_", _ERROR + b"\n")
-_GATED_WITH_USAGE_SIGNATURES = (*_GATED_WITH_USAGE, _SIGNATURE_DELTA)
+# With a usage reader: the message_delta that ends an answer (once a stream).
+# (One search for "message_" would find it and message_stop together, but
+# JSON text holds that word often, in code: "message_id"; a name and its
+# "\n" never.)
+_MESSAGE_DELTA_END = _MESSAGE_DELTA + b"\n"
 
 
 def _unterminated_last_event(pending: bytes, reason: Failure | None) -> bytes | None:
@@ -182,7 +181,8 @@ class SSEGate(Protocol):
         self._marks_thinking = getattr(translator, "marks_thinking", False)
         gated = _GATED_WITH_SIGNATURES if self._marks_thinking else _GATED_NAME_ENDS
         if on_usage is not None:
-            gated = _GATED_WITH_USAGE_SIGNATURES if self._marks_thinking else _GATED_WITH_USAGE
+            # After the "_start" events, which recur; message_delta comes once.
+            gated = (gated[0], _MESSAGE_DELTA_END, *gated[1:])
         self._gated = gated
         self._parsed = _PARSED if on_usage is None else _PARSED_WITH_USAGE
         self._on_usage = on_usage
