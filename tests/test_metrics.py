@@ -167,3 +167,30 @@ class UsageWithWorkersTests(SynchronousTestCase):
             'relay_usage_cost_usd_total{%s,%s} 0.5' % (who, model),
         ):
             self.assertIn(line, text)
+
+
+class UsageTallyTests(SynchronousTestCase):
+    """The usage tally is read by a scrape on the reactor's thread pool while the reactor counts."""
+
+    def test_counting_while_a_scrape_reads(self):
+        from decimal import Decimal
+
+        from twisted_relay.metrics import _UsageTally
+        from twisted_relay.usage import TOKEN_KINDS, UsageRecord
+
+        def record(name):
+            tokens = dict.fromkeys(TOKEN_KINDS, 0)
+            tokens.update(input_tokens=3, cache_read_tokens=2)
+            return UsageRecord(at=0.0, request_id="rly_1", key_name=name, key_group=None, session_id=None,
+                               agent_id=None, parent_agent_id=None, upstream="default", model="m", status=200,
+                               stream=False, partial=False, tokens=tokens, cost=Decimal("0.01"))
+
+        tally = _UsageTally()
+        tally.count(record("alice"), ("alice", "", "m"))
+        reading = tally.samples()
+        first = next(reading)
+        # A new key and a new kind for a known one, counted mid-read.
+        tally.count(record("bob"), ("bob", "", "m"))
+        rest = list(reading)
+        self.assertEqual(len([first, *rest]), 4)  # alice's answers, input, cache_read, cost
+        self.assertEqual(len(list(tally.samples())), 8)
