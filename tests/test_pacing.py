@@ -10,14 +10,13 @@ from prometheus_client import generate_latest
 
 from twisted.internet.defer import CancelledError
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
 
 from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.pacing import StartPacer
 
 from tests.helpers import UPSTREAM_URL, InMemoryRelay, encode, messages_body
 from tests.test_app import FixedAnswer
+from tests.test_network import ManualStream
 
 
 class _Time:
@@ -204,37 +203,23 @@ class RequestTurnTests(SynchronousTestCase):
         self.assertIn('relay_requests_total{route="messages",status="499"} 1.0', exposition)
 
 
-class _HeldStream(Resource):
-    """An upstream that starts a stream and keeps it open until the test ends it."""
-
-    isLeaf = True
-
-    def __init__(self):
-        super().__init__()
-        self.held = []
-
-    def render(self, request):
-        request.setHeader(b"content-type", b"text/event-stream")
-        request.write(b'event: message_start\ndata: {"type": "message_start", "message": {"id": "msg_1", '
-                      b'"type": "message", "role": "assistant", "model": "m", "content": [], "usage": '
-                      b'{"input_tokens": 1, "output_tokens": 1}}}\n\n')
-        self.held.append(request)
-        return NOT_DONE_YET
-
-
 class StreamsCountedTests(SynchronousTestCase):
     """The pacer knows how many streams are being relayed: it paces starts only while one is."""
 
     def test_a_stream_counts_while_it_is_relayed(self):
-        upstream = _HeldStream()
+        upstream = ManualStream()
         config = RelayConfig(listen=(), upstreams=one_upstream(UPSTREAM_URL), dump_dir=None)
         relay = InMemoryRelay(upstream, config)
         starts = relay.app.starts
         d = relay.post("/v1/messages", messages_body(stream=True))
         relay.flush()
+        (held,) = upstream.requests
+        held.write(b'event: message_start\ndata: {"type": "message_start", "message": {"id": "msg_1", '
+                   b'"type": "message", "role": "assistant", "model": "m", "content": [], "usage": '
+                   b'{"input_tokens": 1, "output_tokens": 1}}}\n\n')
+        relay.flush()
         response = self.successResultOf(d)
         self.assertEqual((response.code, starts.streams), (200, 1))
-        held = upstream.held.pop()
         held.write(b'event: message_stop\ndata: {"type": "message_stop"}\n\n')
         held.finish()
         body = response.content()

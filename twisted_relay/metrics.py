@@ -212,7 +212,6 @@ class _RouterCollector:
         yield resting
 
 
-
 #: The usage families: name, help, labels (``relay_usage_*``).
 _USAGE_FAMILIES = (
     (

@@ -29,7 +29,7 @@ Only while a stream is being relayed: with none running there is nothing
 a burst of starts would hold up, and spreading them would only cost the
 reactor more turns (each a ``epoll`` call and a round of timers): on small
 non-streaming requests alone (S3), pacing them cost 3 to 4 % of the
-requests a second (``docs/benchmarks.md``, "Request starts, paced").
+requests a second (``docs/benchmarks.md``, "Metering and its price, side by side").
 """
 
 from __future__ import annotations

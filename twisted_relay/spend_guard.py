@@ -62,7 +62,6 @@ def _read_all(database, starts: dict[str, float]):
     return limits, spends
 
 
-
 def _scopes(key_name: str | None, key_group: str | None) -> list[tuple[str, str]]:
     """The scopes a request with that key counts in (as ``_spent`` keys them): its key's, its group's, the relay's."""
     scopes = [("organization", "")]
@@ -174,10 +173,8 @@ class SpendGuard:
     def _spent_on(self, limit: SpendLimit, now: float) -> Decimal:
         start = window_start(limit.period, now)
         scope = (limit.scope_type, limit.scope_id)
-        return self._spent.get((limit.period, start), {}).get(scope, Decimal(0)) + self._recent.get(
-            (limit.period, start), {}
-        ).get(scope, Decimal(0))
-
+        window = (limit.period, start)
+        return self._spent.get(window, {}).get(scope, Decimal(0)) + self._recent.get(window, {}).get(scope, Decimal(0))
 
     def _recorded(self, record) -> None:
         if record.cost is not None:
