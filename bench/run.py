@@ -39,6 +39,7 @@ Usage, from the work tree's root::
     python bench/run.py --targets direct,nginx,plain,aiohttp,relay,relay2,litellm  # relay2: --workers 2
     python bench/run.py --targets relay,relay-routed --scenarios S1,S2  # a config of two upstreams beside one
     python bench/run.py --targets relay,relay-ledger --scenarios S2,S3  # the usage ledger on, beside off
+    python bench/run.py --targets relay-ledger --ledger-tree ledger-before=/path/to/tree --scenarios S3
     python bench/run.py --targets direct,relay --relay-tree before=/path/to/tree --scenarios flood
 
 It is not a test and is not run by CI.
@@ -992,7 +993,8 @@ def _machine() -> dict:
     }
 
 
-def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: dict, profile: bool) -> list:
+def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: dict, profile: bool,
+                  ledger_trees: dict) -> list:
     made = []
     for name in names:
         if name == "direct":
@@ -1027,11 +1029,14 @@ def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: d
             raise SystemExit("unknown target %r" % (name,))
     for name, tree in relay_trees.items():
         made.append(_targets.Relay(workdir, upstream, cpus, tree=tree, name=name))
+    for name, tree in ledger_trees.items():
+        made.append(_targets.LedgerRelay(workdir, upstream, cpus, tree=tree, name=name))
     return made
 
 
 def run_all(settings: Settings, names: list[str], scenarios: list[str], workdir: str, *,
-            pin: bool = False, relay_trees: dict | None = None, profile: bool = False) -> dict:
+            pin: bool = False, relay_trees: dict | None = None, profile: bool = False,
+            ledger_trees: dict | None = None) -> dict:
     """Start everything, run the scenarios, stop everything; return the results."""
     pin = pin and (os.cpu_count() or 1) >= 2
     target_cpus = {1} if pin else None
@@ -1041,7 +1046,7 @@ def run_all(settings: Settings, names: list[str], scenarios: list[str], workdir:
     atexit.register(lambda: [p.stop() for p in reversed(started)])
     upstream.start()
     started.append(upstream)
-    targets = _make_targets(names, workdir, upstream, target_cpus, relay_trees or {}, profile)
+    targets = _make_targets(names, workdir, upstream, target_cpus, relay_trees or {}, profile, ledger_trees or {})
     live = []
     for target in targets:
         _log("starting %s" % (target.name,))
@@ -1102,6 +1107,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scenarios", default="S1,S2,S3,S4,S5")
     parser.add_argument("--relay-tree", action="append", default=[], metavar="NAME=PATH",
                         help="also run the relay from the twisted_relay copy under PATH, as NAME")
+    parser.add_argument("--ledger-tree", action="append", default=[], metavar="NAME=PATH",
+                        help="the same, with the usage ledger on (as the relay-ledger target)")
     parser.add_argument("--pin", action="store_true",
                         help="pin targets to CPU 1, the upstream and load generator to CPU 0")
     parser.add_argument("--profile", action="store_true", help="run the relay under cProfile (relay.prof in the work folder)")
@@ -1123,12 +1130,13 @@ def main(argv: list[str] | None = None) -> None:
     if "direct" not in names:
         names.insert(0, "direct")
     trees = dict(item.split("=", 1) for item in args.relay_tree)
+    ledger_trees = dict(item.split("=", 1) for item in args.ledger_tree)
     workdir = args.workdir or tempfile.mkdtemp(prefix="relay-bench-")
     os.makedirs(workdir, exist_ok=True)
     _log("work folder: %s" % (workdir,))
     results = run_all(settings, names, args.scenarios.split(","), workdir,
-                      pin=args.pin, relay_trees=trees, profile=args.profile)
-    shown = [n for n in names + list(trees) if n in results["targets"]]
+                      pin=args.pin, relay_trees=trees, profile=args.profile, ledger_trees=ledger_trees)
+    shown = [n for n in names + list(trees) + list(ledger_trees) if n in results["targets"]]
     machine = results["machine"]
     print("machine: %d cores (%s), %s GiB, Python %s, Twisted %s, %s; load average at start %s; %s"
           % (machine["nproc"], machine["cpu"], machine["mem_gib"], machine["python"], machine["twisted"],

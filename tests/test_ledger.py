@@ -231,12 +231,36 @@ class PostgresLedgerServiceTests(TestCase):
             relayed.append(response.headers.getRawHeaders(b"x-relay-request-id")[0].decode("ascii"))
         await until(lambda: ledger.failures >= 2)
         self.assertEqual(ledger.pending, 10)
+        # What an operator's alert reads: rows waiting, writes failing.
+        figures = await _ledger_metrics(served.url)
+        self.assertEqual((figures["written"], figures["pending"]), (10, 10))
+        self.assertGreaterEqual(figures["failures"], 2)
 
         self.server.start()
         await until(lambda: ledger.written == 20, timeout=30)
+        figures = await _ledger_metrics(served.url)
+        self.assertEqual((figures["written"], figures["pending"], figures["dropped"]), (20, 0, 0))
         self.assertEqual(sorted(rows_in(target)), sorted(["rly_test_%06d" % n for n in range(1, 11)] + relayed))
         self.assertEqual(log.text().count("Cannot write the usage ledger"), 1)
         self.assertNotIn(postgres_server.PASSWORD, log.text())
+
+
+async def _ledger_metrics(url: str) -> dict:
+    """The usage ledger's figures on the relay's ``/metrics`` page, by their short names."""
+    response = await treq.get(url + "/metrics", persistent=False)
+    text = (await response.content()).decode("utf-8")
+    names = {
+        "relay_ledger_rows_written_total": "written",
+        "relay_ledger_rows_dropped_total": "dropped",
+        "relay_ledger_write_failures_total": "failures",
+        "relay_ledger_rows_pending": "pending",
+    }
+    figures = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            figures[names[name]] = int(float(value))
+    return figures
 
 
 async def _spent(ledger, since=None, *, key_name=None, key_group=None) -> Decimal:

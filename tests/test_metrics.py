@@ -169,6 +169,65 @@ class UsageWithWorkersTests(SynchronousTestCase):
             self.assertIn(line, text)
 
 
+class LedgerWithWorkersTests(SynchronousTestCase):
+    """With workers, the usage ledger's figures are copied to the shared files by sync()."""
+
+    def test_ledger_figures_reach_the_shared_files(self):
+        import subprocess
+        import sys
+
+        folder = self.mktemp()
+        os.makedirs(folder)
+        script = (
+            "import os, sys\n"
+            "from decimal import Decimal\n"
+            "from prometheus_client import CollectorRegistry, generate_latest, multiprocess\n"
+            "from twisted.internet import task\n"
+            "from twisted.internet.defer import ensureDeferred\n"
+            "from twisted_relay.ledger import Ledger\n"
+            "from twisted_relay.ledger_sql import open_ledger\n"
+            "from twisted_relay.metrics import RelayMetrics\n"
+            "from twisted_relay.usage import TOKEN_KINDS, UsageRecord\n"
+            "def record(n):\n"
+            "    return UsageRecord(at=1796083200.0 + n, request_id='rly_%d' % n, key_name='alice', key_group=None,\n"
+            "                       session_id=None, agent_id=None, parent_agent_id=None, upstream='default',\n"
+            "                       model='claude-sonnet-4-5', status=200, stream=False, partial=False,\n"
+            "                       tokens=dict.fromkeys(TOKEN_KINDS, 1), cost=Decimal('0.01'))\n"
+            "async def main(reactor):\n"
+            "    ledger = Ledger(open_ledger(os.path.join(sys.argv[1], 'usage.sqlite')), reactor=reactor,\n"
+            "                    flush_interval=60, max_queue=3)\n"
+            "    ledger.startService()\n"
+            "    metrics = RelayMetrics()\n"
+            "    metrics.watch_ledger(ledger)\n"
+            "    for n in range(2):\n"
+            "        ledger.record(record(n))\n"
+            "    await ledger.flush()\n"
+            "    metrics.sync()\n"
+            "    for n in range(2, 6):\n"
+            "        ledger.record(record(n))\n"
+            "    metrics.sync()\n"
+            "    registry = CollectorRegistry()\n"
+            "    multiprocess.MultiProcessCollector(registry, os.environ['PROMETHEUS_MULTIPROC_DIR'])\n"
+            "    sys.stdout.write(generate_latest(registry).decode())\n"
+            "    await ledger.stopService()\n"
+            "task.react(lambda reactor: ensureDeferred(main(reactor)))\n"
+        )
+        shared = os.path.join(folder, "shared")
+        os.makedirs(shared)
+        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=shared)
+        result = subprocess.run([sys.executable, "-c", script, folder], capture_output=True, env=env, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr.decode()[-2000:])
+        text = result.stdout.decode()
+        # Two written, three waiting (the queue's bound), one dropped.
+        for line in (
+            "relay_ledger_rows_written_total 2.0",
+            "relay_ledger_rows_pending 3.0",
+            "relay_ledger_rows_dropped_total 1.0",
+            "relay_ledger_write_failures_total 0.0",
+        ):
+            self.assertIn(line, text)
+
+
 class UsageTallyTests(SynchronousTestCase):
     """The usage tally is read by a scrape on the reactor's thread pool while the reactor counts."""
 

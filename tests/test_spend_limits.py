@@ -545,6 +545,39 @@ class GuardTests(TestCase):
         standing = await guard.standing("bob", None)
         self.assertEqual((standing.exceeded, standing.spent_cents), (True, Decimal(5)))
 
+    async def test_usage_while_nothing_was_capped_counts_for_a_new_cap(self):
+        """
+        With no cap set the guard adds nothing up; a cap set again after one
+        was deleted counts what was spent meanwhile, written to the ledger or
+        not yet, though the period was read while the first cap stood.
+        """
+        from twisted_relay.ledger import Ledger
+        from twisted_relay.ledger_sql import open_ledger
+        from twisted_relay.spend_guard import SpendGuard
+        from twisted_relay.spend_limits_sql import delete_limit, set_limit
+
+        from tests.ledger_records import usage_record
+
+        folder = self.mktemp()
+        os.makedirs(folder)
+        ledger = Ledger(open_ledger(os.path.join(folder, "usage.sqlite")), reactor=reactor, flush_interval=60)
+        ledger.startService()
+        self.addCleanup(ledger.stopService)
+        guard = SpendGuard(ledger, reactor=reactor, refresh_interval=60)
+        first = await ledger.on_database(set_limit, "user", "carol", "daily", 1000)
+        guard.know(first)
+        self.assertEqual((await guard.standing("carol", None)).spent_cents, 0)
+        await ledger.on_database(delete_limit, first.id)
+        guard.know(None, forget=first.id)
+        self.assertTrue(guard.uncapped())
+        ledger.record(usage_record(1, key_name="carol", key_group=None, at=time.time(), cost=Decimal("0.04")))
+        await ledger.flush()
+        ledger.record(usage_record(2, key_name="carol", key_group=None, at=time.time(), cost=Decimal("0.03")))
+        again = await ledger.on_database(set_limit, "user", "carol", "daily", 1000)
+        guard.know(again)
+        self.assertFalse(guard.uncapped())
+        self.assertEqual((await guard.standing("carol", None)).spent_cents, Decimal(7))
+
     async def test_usage_not_yet_written_counts_in_its_own_window(self):
         """
         What this relay recorded since its last read counts in the window it

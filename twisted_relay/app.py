@@ -145,6 +145,8 @@ class RelayApp:
         self.metrics.watch_active_requests(lambda: self.requests.count)
         self.metrics.watch_router(lambda: self._context.router)
         self.metrics.watch_thread_store(self.threads.store)
+        if hasattr(ledger, "on_database"):
+            self.metrics.watch_ledger(ledger)
 
     def resource(self, *, direct: bool = True):
         """

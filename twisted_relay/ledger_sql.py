@@ -25,8 +25,11 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
+from functools import lru_cache
 from typing import Iterable, Sequence
 from urllib.parse import unquote, urlsplit
+
+import ujson
 
 from twisted_relay.redact import redact_text
 from twisted_relay.spend_limits_sql import SCHEMA as _SPEND_LIMITS_SCHEMA
@@ -39,10 +42,10 @@ __all__ = [
     "LedgerDatabase",
     "LedgerError",
     "Totals",
+    "batch_of",
     "describe_database",
     "is_postgres",
     "open_ledger",
-    "rows_of",
 ]
 
 #: Version of the tables' layout, kept in the database; bumped on any change
@@ -105,21 +108,27 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS relay_usage_group_at ON relay_usage (key_group, at)",
     *_SPEND_LIMITS_SCHEMA,
 )
-_ROW_PLACES = "(%s)" % (", ".join("?" for _ in _COLUMNS),)
-# Rows one INSERT statement carries: a batch goes in a few statements, not a
-# statement a row, so that the writer thread and the reactor pass the
-# interpreter lock to each other a few times a batch, not twice a row
-# (measured: S3 requests/s 18 % lower with a statement a row). 8,800
-# parameters, under SQLite's limit of 32,766 since 3.32 and PostgreSQL's 65,535.
-_ROWS_A_STATEMENT = 400
-
-
-def _insert(rows: int) -> str:
-    """The INSERT of ``rows`` rows (a request already in the ledger left as it is)."""
-    return "INSERT INTO relay_usage (%s) VALUES %s ON CONFLICT (request_id) DO NOTHING" % (
-        ", ".join(name for name, _ in _COLUMNS),
-        ", ".join([_ROW_PLACES] * rows),
+# A batch is written by one statement with one parameter, its rows as one
+# JSON text (an array of arrays, made on the reactor thread), which the
+# database takes apart: the writer thread runs next to no Python, so it
+# barely contends for the interpreter lock while the database works (a
+# statement a row cost S3 18 % of its requests/s; 400 rows a statement with
+# a parameter a value, 3 to 5 %; bench/ab.py, docs/benchmarks.md).
+_COLUMN_NAMES = ", ".join(name for name, _ in _COLUMNS)
+_SQLITE_INSERT = (
+    "INSERT INTO relay_usage (%s) SELECT %s FROM json_each(?) WHERE true ON CONFLICT (request_id) DO NOTHING"
+    % (_COLUMN_NAMES, ", ".join("json_extract(value, '$[%d]')" % (n,) for n in range(len(_COLUMNS))))
+)
+_POSTGRES_INSERT = (
+    "INSERT INTO relay_usage (%s) SELECT %s FROM json_array_elements(%%s::json) AS item ON CONFLICT (request_id) DO NOTHING"
+    % (
+        _COLUMN_NAMES,
+        ", ".join(
+            "(item ->> %d)::%s" % (n, kind.replace(" PRIMARY KEY", "").replace(" NOT NULL", ""))
+            for n, (_, kind) in enumerate(_COLUMNS)
+        ),
     )
+)
 
 
 class LedgerError(Exception):
@@ -217,22 +226,28 @@ def open_ledger(target: str, *, create: bool = True) -> "LedgerDatabase":
 
 
 def _day(at: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(at))
+    # Unix time has no leap seconds: a UTC day is 86,400 of them.
+    return _day_named(int(at // 86400))
+
+
+@lru_cache(maxsize=4)
+def _day_named(number: int) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(number * 86400))
 
 
 def _picos(cost: Decimal | None) -> int | None:
     if cost is None:
         return None
-    return int((cost / _PICO).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+    return int(cost.scaleb(12).to_integral_value(ROUND_HALF_EVEN))
 
 
 def _dollars(picos) -> Decimal:
     return (Decimal(int(picos or 0)) * _PICO).normalize() if picos else Decimal(0)
 
 
-def rows_of(records: Sequence[UsageRecord]) -> list[tuple]:
-    """``records`` as the table's rows (:meth:`LedgerDatabase.write_rows`)."""
-    return [_row(record) for record in records]
+def batch_of(records: Sequence[UsageRecord]) -> str:
+    """``records`` as the table's rows, in the one JSON text :meth:`LedgerDatabase.write_batch` takes."""
+    return ujson.dumps([_row(record) for record in records])
 
 
 def _row(record: UsageRecord) -> tuple:
@@ -251,7 +266,7 @@ def _row(record: UsageRecord) -> tuple:
         int(record.status),
         int(bool(record.stream)),
         int(bool(record.partial)),
-        *(int(record.tokens.get(kind, 0)) for kind in TOKEN_KINDS),
+        *[record.tokens.get(kind, 0) for kind in TOKEN_KINDS],
         _picos(record.cost),
         record.usage or "",
     )
@@ -267,6 +282,8 @@ class LedgerDatabase:
 
     #: The driver's placeholder for a parameter.
     placeholder = "?"
+    # The INSERT of a batch (write_batch).
+    _insert = _SQLITE_INSERT
 
     def __init__(self, description: str, *, create: bool = True, secrets: Sequence[str] = ()):
         self.description = description
@@ -310,19 +327,15 @@ class LedgerDatabase:
 
         :return: the rows added.
         """
-        return self.write_rows(rows_of(records))
+        return self.write_batch(batch_of(records))
 
-    def write_rows(self, rows: list[tuple]) -> int:
-        """:meth:`write` of rows already made (:func:`rows_of`): the writer thread runs no Python of its own."""
+    def write_batch(self, batch: str) -> int:
+        """:meth:`write` of rows already made (:func:`batch_of`): the writer thread runs next to no Python."""
 
         def insert(connection):
             cursor = connection.cursor()
-            added = 0
-            for start in range(0, len(rows), _ROWS_A_STATEMENT):
-                chunk = rows[start : start + _ROWS_A_STATEMENT]
-                cursor.execute(self.sql(_insert(len(chunk))), [value for row in chunk for value in row])
-                added += max(cursor.rowcount, 0)
-            return added
+            cursor.execute(self._insert, (batch,))
+            return max(cursor.rowcount, 0)
 
         return self.run(insert)
 
@@ -516,6 +529,7 @@ class PostgresLedger(LedgerDatabase):
     """A ledger in a PostgreSQL database, which several relays share."""
 
     placeholder = "%s"
+    _insert = _POSTGRES_INSERT
 
     def __init__(self, url: str, *, create: bool = True):
         parts = urlsplit(url)

@@ -143,6 +143,28 @@ class _DumpCollector:
         yield family
 
 
+# The usage ledger's figures (twisted_relay.ledger.Ledger's attributes): name, help, kind.
+_LEDGER_FIGURES = (
+    ("written", "relay_ledger_rows_written", "Usage rows written to the ledger's database.", "counter"),
+    ("dropped", "relay_ledger_rows_dropped", "Usage rows dropped: the queue was full, or the ledger had stopped.", "counter"),
+    ("failures", "relay_ledger_write_failures", "Ledger writes that failed (their rows kept and tried again).", "counter"),
+    ("pending", "relay_ledger_rows_pending", "Usage rows not written yet (queued or being written).", "gauge"),
+)
+
+
+class _LedgerCollector:
+    """Reads the usage ledger's own counters when metrics are scraped (one process)."""
+
+    def __init__(self, ledger):
+        self._ledger = ledger
+
+    def collect(self):
+        for attribute, name, doc, kind in _LEDGER_FIGURES:
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc)
+            family.add_metric([], getattr(self._ledger, attribute))
+            yield family
+
+
 # The thread store's counters, as its attributes.
 _THREAD_COUNTERS = ("hits", "misses", "evictions", "expirations", "failures")
 
@@ -425,6 +447,7 @@ class RelayMetrics:
                 multiprocess_mode="livemax",
             )
         self._dumps_counted = {"written": 0, "dropped": 0, "failed": 0}
+        self._ledger = None
         if self.multiprocess:
             # Copied from the dump writer's own counters (sync).
             self.dumps_total = Counter(
@@ -509,6 +532,34 @@ class RelayMetrics:
             self._threads_held.set(size[0])
             self._thread_bytes_held.set(size[1])
 
+    def watch_ledger(self, ledger) -> None:
+        """
+        Export the usage ledger's rows written, dropped and pending and its
+        failed writes (a :class:`~twisted_relay.ledger.Ledger`): read when
+        scraped in one process; copied to the shared files every second with
+        workers (summed over them).
+        """
+        if not self.multiprocess:
+            self.registry.register(_LedgerCollector(ledger))
+            return
+        self._ledger = ledger
+        self._ledger_counted = {attribute: 0 for attribute, *_, kind in _LEDGER_FIGURES if kind == "counter"}
+        self._ledger_metrics = {
+            attribute: Counter(name, doc, registry=self.registry)
+            if kind == "counter"
+            else Gauge(name, doc, registry=self.registry, multiprocess_mode="livesum")
+            for attribute, name, doc, kind in _LEDGER_FIGURES
+        }
+
+    def _sync_ledger(self) -> None:
+        ledger = self._ledger
+        for attribute, before in self._ledger_counted.items():
+            now = getattr(ledger, attribute)
+            if now > before:
+                self._ledger_metrics[attribute].inc(now - before)
+                self._ledger_counted[attribute] = now
+        self._ledger_metrics["pending"].set(ledger.pending)
+
     def watch_active_requests(self, count) -> None:
         """
         Report ``count()`` as the requests in flight: read when scraped in
@@ -532,13 +583,15 @@ class RelayMetrics:
             self.registry.register(_RouterCollector(router))
 
     def sync(self) -> None:
-        """Copy this process's own figures (requests in flight, dumps, breakers) to the shared files."""
+        """Copy this process's own figures (requests in flight, dumps, breakers, ledger) to the shared files."""
         if not self.multiprocess:
             return
         if self._count_active is not None:
             self.active_requests.set(self._count_active())
         if self._thread_store is not None:
             self._sync_threads()
+        if self._ledger is not None:
+            self._sync_ledger()
         if self._router is not None:
             for name, state, resting in _router_figures(self._router()):
                 self.labelled(self.breaker_state, name).set(state)

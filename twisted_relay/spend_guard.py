@@ -88,6 +88,8 @@ class SpendGuard:
         self._interval = refresh_interval
         self._clock = clock
         self._limits: dict[str, SpendLimit] = {}
+        # Whether some limit has an amount: usage is added up only then.
+        self._capped = False
         # (period, window start) -> {(scope type, scope id): dollars}
         self._spent: dict[tuple[str, float], dict[tuple[str, str], Decimal]] = {}
         # The usage recorded since the last read, added up as _spent is (one
@@ -112,7 +114,7 @@ class SpendGuard:
             return False
         if self._reactor.seconds() - self._read_at >= self._interval and self._reading is None:
             self._refresh()
-        return all(limit.amount is None for limit in self._limits.values())
+        return not self._capped
 
     async def standing(self, key_name: str | None, key_group: str | None) -> Standing | None:
         """The cap that describes a request by that key now, or ``None`` for a key with no cap."""
@@ -165,10 +167,17 @@ class SpendGuard:
 
     def know(self, limit: SpendLimit | None, *, forget: str | None = None) -> None:
         """A limit set (or deleted, ``forget``) here applies at once."""
+        was_capped = self._capped
         if forget is not None:
             self._limits.pop(forget, None)
         if limit is not None:
             self._limits[limit.id] = limit
+        self._capped = any(known.amount is not None for known in self._limits.values())
+        if self._capped and not was_capped:
+            # Nothing was added up while no cap was set: the spend is read
+            # again before this cap is enforced, what is not written yet counted.
+            self._spent = {}
+            self._recount()
 
     def _spent_on(self, limit: SpendLimit, now: float) -> Decimal:
         start = window_start(limit.period, now)
@@ -177,7 +186,7 @@ class SpendGuard:
         return self._spent.get(window, {}).get(scope, Decimal(0)) + self._recent.get(window, {}).get(scope, Decimal(0))
 
     def _recorded(self, record) -> None:
-        if record.cost is not None:
+        if self._capped and record.cost is not None:
             self._add_recent(record.at, record.key_name, record.key_group, record.cost)
 
     def _add_recent(self, at: float, key_name: str | None, key_group: str | None, cost: Decimal) -> None:
@@ -189,6 +198,12 @@ class SpendGuard:
             sums = self._recent.setdefault((period, window[0]), {})
             for scope in _scopes(key_name, key_group):
                 sums[scope] = sums.get(scope, Decimal(0)) + cost
+
+    def _recount(self) -> None:
+        """What the last read did not see: the rows this process has not written yet."""
+        self._recent = {}
+        for record in self._ledger.unwritten():
+            self._recorded(record)
 
     # -- reading the database
 
@@ -204,6 +219,7 @@ class SpendGuard:
         self._reading = None
         self._read_at = self._reactor.seconds()
         self._limits = {limit.id: limit for limit in limits}
+        self._capped = any(limit.amount is not None for limit in limits)
         spent = {}
         for period, totals in spends.items():
             scopes: dict[tuple[str, str], Decimal] = {}
@@ -213,10 +229,7 @@ class SpendGuard:
                     scopes[scope] = scopes.get(scope, Decimal(0)) + line.cost
             spent[(period, starts[period])] = scopes
         self._spent = spent
-        # What the read did not see: the rows this process has not written yet.
-        self._recent = {}
-        for record in self._ledger.unwritten():
-            self._recorded(record)
+        self._recount()
         if self._failing:
             self._failing = False
             self.log.info("Spend limits read again from the usage ledger")

@@ -1,0 +1,107 @@
+"""
+S3 (small non-streaming requests, 32 keep-alive clients) on several relay
+trees side by side, alternating: a few processes of each tree in front of one
+fake upstream, each loaded in turn for a few seconds, in a new random order
+every round. A difference smaller than one process's spread from another of
+the same tree is noise (where a process lands in memory and on which core).
+
+Usage, from the work tree's root::
+
+    python bench/ab.py nometer=../nometer relay=. relay+ledger=.
+    python bench/ab.py --instances 3 --rounds 8 --seconds 4 a=../a b=../b
+
+A name ending in ``+ledger`` runs its tree with the usage ledger on
+(``--usage-db``, an SQLite file in the work folder). It prints requests/s
+per tree (the median over its processes' medians) and per process. It is not
+a test and is not run by CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from bench import targets as _targets  # noqa: E402
+from bench.run import Runner  # noqa: E402
+
+_LEDGER = "+ledger"
+
+
+def _log(text: str) -> None:
+    print("[ab] " + text, file=sys.stderr, flush=True)
+
+
+def _target(name: str, tree: str, instance: int, workdir: str, upstream, cpus):
+    label = "%s#%d" % (name, instance)
+    kind = _targets.LedgerRelay if name.endswith(_LEDGER) else _targets.Relay
+    return kind(workdir, upstream, cpus, tree=os.path.abspath(tree), name=label.replace("+", "-").replace("#", "-"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the options, run the rounds, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trees", nargs="+", metavar="NAME=PATH")
+    parser.add_argument("--instances", type=int, default=2, help="processes of each tree")
+    parser.add_argument("--rounds", type=int, default=6, help="loads of each process")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of one load")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--pin", action="store_true", help="relays on CPU 1, the upstream and load generator on CPU 0")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    trees = dict(item.split("=", 1) for item in args.trees)
+    rng = random.Random(args.seed)
+    pin = args.pin and (os.cpu_count() or 1) >= 2
+    workdir = tempfile.mkdtemp(prefix="relay-ab-")
+    _log("work folder: %s" % (workdir,))
+    upstream = _targets.FakeUpstreamProcess(workdir, {0} if pin else None)
+    upstream.start()
+    started = []
+    try:
+        for instance in range(1, args.instances + 1):
+            for name, tree in trees.items():
+                target = _target(name, tree, instance, workdir, upstream, {1} if pin else None)
+                target.start()
+                started.append((name, target))
+        runner = Runner(upstream, {0} if pin else None, _log)
+        for _, target in started:  # warm every process up
+            runner.load(target, "bench:json", args.concurrency, duration=1.0, timeout=60)
+        figures: dict = {target.name: [] for _, target in started}
+        began = time.monotonic()
+        for round_number in range(1, args.rounds + 1):
+            order = list(started)
+            rng.shuffle(order)
+            for _, target in order:
+                summary = runner.load(target, "bench:json", args.concurrency, duration=args.seconds, timeout=60)
+                figures[target.name].append(summary["requests_per_s"] if not summary.get("errors") else 0.0)
+            _log("round %d of %d done (%.0fs)" % (round_number, args.rounds, time.monotonic() - began))
+    finally:
+        for _, target in reversed(started):
+            target.stop()
+        upstream.stop()
+    print("S3 requests/s, %d processes a tree, %d loads of %gs each, %s"
+          % (args.instances, args.rounds, args.seconds, "pinned" if pin else "not pinned"))
+    print()
+    print("| tree | median of its processes' medians | vs the first | each process's median (min-max) |")
+    print("|---|---|---|---|")
+    first = None
+    for name in trees:
+        own = [(t.name, figures[t.name]) for n, t in started if n == name]
+        medians = [statistics.median(values) for _, values in own]
+        median = statistics.median(medians)
+        first = median if first is None else first
+        print("| %s | %.0f | %+.1f %% | %s |" % (
+            name, median, (median / first - 1) * 100,
+            ", ".join("%.0f (%.0f-%.0f)" % (m, min(v), max(v)) for m, (_, v) in zip(medians, own))))
+
+
+if __name__ == "__main__":
+    main()
