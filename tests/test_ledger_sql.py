@@ -55,6 +55,49 @@ class _LedgerDatabaseTests:
         self.assertEqual(bob.requests, 5)
         self.assertEqual(bob.cost, Decimal("0.000123") * 30)
 
+    def test_every_column_reads_back_as_written(self):
+        """
+        A row reads back exactly as it was recorded, whatever its text holds
+        (quotes, backslashes, non-ASCII, JSON of its own), its time to the
+        microsecond, a count past 32 bits, and empty columns as NULL.
+        """
+        database = self.opened()
+        odd = usage_record(
+            1,
+            at=DECEMBER_FIRST + 0.123456,
+            key_name='o\'brien "ü" \\ 名前',
+            key_group=None,
+            session_id="5e3c-\u2028-é",
+            agent_id=None,
+            tokens={kind: 2**40 + n for n, kind in enumerate(TOKEN_KINDS)},
+            cost=Decimal("12.345678901234"),
+            usage='{"input_tokens": 1, "note": "a \\"quoted\\" \\\\ text"}',
+            partial=True,
+        )
+        unpriced = usage_record(2, cost=None, stream=False, status=529)
+        self.assertEqual(database.write([odd, unpriced]), 2)
+        columns = "request_id, at, day, key_name, key_group, session_id, agent_id, upstream, model, status, stream, partial"
+        kinds = ", ".join(TOKEN_KINDS)
+
+        def read(connection):
+            cursor = connection.cursor()
+            cursor.execute(
+                "SELECT %s, %s, cost_pico_usd, usage_json FROM relay_usage ORDER BY request_id" % (columns, kinds)
+            )
+            return cursor.fetchall()
+
+        first, second = database.run(read)
+        self.assertEqual(
+            tuple(first),
+            (
+                "rly_test_000001", DECEMBER_FIRST + 0.123456, "2026-12-01", odd.key_name, None, odd.session_id, None,
+                "default", "claude-sonnet-4-5", 200, 1, 1,
+                *[2**40 + n for n in range(len(TOKEN_KINDS))],
+                12_345_678_901_234, odd.usage,
+            ),
+        )
+        self.assertEqual((second[9], second[10], second[-2]), (529, 0, None))
+
     def test_a_batch_written_again_counts_once(self):
         """A request already in the ledger (the same request id) is not added again: a retried batch double-counts nothing."""
         database = self.opened()

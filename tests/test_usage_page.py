@@ -12,7 +12,12 @@ DAYS = ["2026-12-01", "2026-12-02", "2026-12-03"]
 class DollarsTests(SynchronousTestCase):
     def test_cents_rounded_half_up(self):
         self.assertEqual(dollars(Decimal("1234.565")), "$1,234.57")
-        self.assertEqual(dollars(Decimal("0.004")), "$0.00")
+        self.assertEqual(dollars(Decimal("0.005")), "$0.01")
+        self.assertEqual(dollars(Decimal(0)), "$0.00")
+
+    def test_a_spend_under_half_a_cent_is_not_shown_as_nothing(self):
+        self.assertEqual(dollars(Decimal("0.004")), "<$0.01")
+        self.assertEqual(dollars(Decimal("0.000001")), "<$0.01")
 
 
 class RenderTests(SynchronousTestCase):

@@ -85,8 +85,14 @@ class KeyUsage:
 
 
 def dollars(amount: Decimal) -> str:
-    """``$1,234.57``: dollars to the cent, as the page shows them."""
-    return "${:,.2f}".format(amount.quantize(_CENT, rounding=ROUND_HALF_UP))
+    """
+    ``$1,234.57``: dollars to the cent, as the page shows them; a spend
+    that rounds to no cent but is not nothing is ``<$0.01``.
+    """
+    rounded = amount.quantize(_CENT, rounding=ROUND_HALF_UP)
+    if amount > 0 and not rounded:
+        return "<$0.01"
+    return "${:,.2f}".format(rounded)
 
 
 def render_usage_page(keys: list[KeyUsage], days: list[str], *, generated: str) -> bytes:
