@@ -31,7 +31,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from twisted_relay.ledger_sql import LedgerDatabase, LedgerError, Totals
+from twisted_relay.ledger_sql import LedgerDatabase, LedgerError, Totals, batch_of
 from twisted_relay.usage import UsageRecord
 
 __all__ = [
@@ -235,7 +235,7 @@ class Ledger(Service):
         self._batch = [self._queue.popleft() for _ in range(take)]
         # The rows are made here, not on the writer thread, whose Python code
         # would hold the interpreter lock against the reactor.
-        d = deferToThreadPool(self._reactor, self._pool, self.database.write_batch, self.database.batch_of(self._batch))
+        d = deferToThreadPool(self._reactor, self._pool, self.database.write_batch, batch_of(self._batch))
         d.addCallbacks(self._written, self._failed)
         self._writing = d
         return d

@@ -42,6 +42,7 @@ __all__ = [
     "LedgerDatabase",
     "LedgerError",
     "Totals",
+    "batch_of",
     "describe_database",
     "is_postgres",
     "open_ledger",
@@ -107,28 +108,21 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS relay_usage_group_at ON relay_usage (key_group, at)",
     *_SPEND_LIMITS_SCHEMA,
 )
-# How a batch is written (docs/benchmarks.md, "The ledger's writes"). Its
-# rows are made on the reactor thread, so that the writer thread runs as
-# little Python as it can: what it runs holds the interpreter lock against
-# the reactor. SQLite: the rows as one flat list of values, 400 rows a
-# multi-row INSERT (a statement a row cost S3 18 % of its requests/s: the
-# lock changed hands twice a row). PostgreSQL: the rows as one JSON text,
-# one parameter the server takes apart (psycopg adapting each value in
-# Python cost 47 us of the relay's CPU a row; this, 5).
+# A batch is written by one statement with one parameter, its rows as one
+# JSON text (an array of arrays, made on the reactor thread), which the
+# database takes apart: the writer thread runs next to no Python, so it
+# barely contends for the interpreter lock while the database works. Before,
+# SQLite took a statement a row (S3 18 % fewer requests/s), then 400 rows a
+# statement with a parameter a value (2 to 5 % fewer; a flat list made on the
+# reactor, 1.5 to 3 %); psycopg adapted each value in Python (47 us of the
+# relay's CPU a row on PostgreSQL, now 5). SQLite's JSON functions cost its
+# writer about 10 us more a row, off the reactor and without the lock
+# (docs/benchmarks.md, "The ledger's writes, side by side").
 _COLUMN_NAMES = ", ".join(name for name, _ in _COLUMNS)
-# 8,800 parameters, under SQLite's limit of 32,766 (since 3.32).
-_ROWS_A_STATEMENT = 400
-
-
-@lru_cache(maxsize=4)
-def _sqlite_insert(rows: int) -> str:
-    """SQLite's INSERT of ``rows`` rows (a request already in the ledger left as it is)."""
-    return "INSERT INTO relay_usage (%s) VALUES %s ON CONFLICT (request_id) DO NOTHING" % (
-        _COLUMN_NAMES,
-        ", ".join(["(%s)" % (", ".join("?" * len(_COLUMNS)),)] * rows),
-    )
-
-
+_SQLITE_INSERT = (
+    "INSERT INTO relay_usage (%s) SELECT %s FROM json_each(?) WHERE true ON CONFLICT (request_id) DO NOTHING"
+    % (_COLUMN_NAMES, ", ".join("json_extract(value, '$[%d]')" % (n,) for n in range(len(_COLUMNS))))
+)
 _POSTGRES_INSERT = (
     "INSERT INTO relay_usage (%s) SELECT %s FROM json_array_elements(%%s::json) AS item ON CONFLICT (request_id) DO NOTHING"
     % (
@@ -255,6 +249,11 @@ def _dollars(picos) -> Decimal:
     return (Decimal(int(picos or 0)) * _PICO).normalize() if picos else Decimal(0)
 
 
+def batch_of(records: Sequence[UsageRecord]) -> str:
+    """``records`` as the table's rows, in the one JSON text :meth:`LedgerDatabase.write_batch` takes."""
+    return ujson.dumps([_row(record) for record in records])
+
+
 def _row(record: UsageRecord) -> tuple:
     """A record as the table's columns, in order."""
     return (
@@ -287,6 +286,8 @@ class LedgerDatabase:
 
     #: The driver's placeholder for a parameter.
     placeholder = "?"
+    # The INSERT of a batch (write_batch).
+    _insert = _SQLITE_INSERT
 
     def __init__(self, description: str, *, create: bool = True, secrets: Sequence[str] = ()):
         self.description = description
@@ -307,6 +308,9 @@ class LedgerDatabase:
 
     def _has_table(self, cursor) -> bool:
         raise NotImplementedError
+
+    def _check_json(self, cursor) -> None:
+        """Refuse a database that cannot take a batch (:meth:`write_batch`) apart."""
 
     # -- the same for both
 
@@ -330,15 +334,17 @@ class LedgerDatabase:
 
         :return: the rows added.
         """
-        return self.write_batch(self.batch_of(records))
+        return self.write_batch(batch_of(records))
 
-    def batch_of(self, records: Sequence[UsageRecord]):
-        """``records`` as :meth:`write_batch` takes them (made on the reactor thread)."""
-        raise NotImplementedError
+    def write_batch(self, batch: str) -> int:
+        """:meth:`write` of rows already made (:func:`batch_of`): the writer thread runs next to no Python."""
 
-    def write_batch(self, batch) -> int:
-        """:meth:`write` of a batch already made (:meth:`batch_of`), in one transaction."""
-        raise NotImplementedError
+        def insert(connection):
+            cursor = connection.cursor()
+            cursor.execute(self._insert, (batch,))
+            return max(cursor.rowcount, 0)
+
+        return self.run(insert)
 
     def prune(self, before: float) -> int:
         """Delete the rows of requests that arrived before ``before`` (Unix time); return how many."""
@@ -428,6 +434,7 @@ class LedgerDatabase:
             self._lock_schema(cursor)
             for statement in _SCHEMA:
                 cursor.execute(statement)
+        self._check_json(cursor)
         cursor.execute(self.sql("SELECT value FROM relay_usage_meta WHERE name = ?"), ("schema_version",))
         found = cursor.fetchone()
         if found is None and self._create:
@@ -521,27 +528,14 @@ class SQLiteLedger(LedgerDatabase):
     def _lock_schema(self, cursor) -> None:
         cursor.execute("BEGIN IMMEDIATE")
 
-    def batch_of(self, records: Sequence[UsageRecord]) -> list:
-        """The rows' values, one flat list, row after row."""
-        values: list = []
-        for record in records:
-            values.extend(_row(record))
-        return values
-
-    def write_batch(self, batch: list) -> int:
-        width = len(_COLUMNS)
-        step = _ROWS_A_STATEMENT * width
-
-        def insert(connection):
-            cursor = connection.cursor()
-            added = 0
-            for start in range(0, len(batch), step):
-                chunk = batch[start : start + step]
-                cursor.execute(_sqlite_insert(len(chunk) // width), chunk)
-                added += max(cursor.rowcount, 0)
-            return added
-
-        return self.run(insert)
+    def _check_json(self, cursor) -> None:
+        try:
+            cursor.execute("SELECT json_extract('[1]', '$[0]')")
+        except sqlite3.OperationalError:
+            raise LedgerError(
+                "%s: this SQLite (%s) has no JSON functions, which the ledger writes with (3.38 and later "
+                "have them built in)" % (self.description, sqlite3.sqlite_version)
+            ) from None
 
     def _has_table(self, cursor) -> bool:
         cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'relay_usage'")
@@ -552,6 +546,7 @@ class PostgresLedger(LedgerDatabase):
     """A ledger in a PostgreSQL database, which several relays share."""
 
     placeholder = "%s"
+    _insert = _POSTGRES_INSERT
 
     def __init__(self, url: str, *, create: bool = True):
         parts = urlsplit(url)
@@ -587,18 +582,6 @@ class PostgresLedger(LedgerDatabase):
 
     def _lock_schema(self, cursor) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%d)" % (_SCHEMA_LOCK,))
-
-    def batch_of(self, records: Sequence[UsageRecord]) -> str:
-        """The rows as one JSON text: an array of arrays."""
-        return ujson.dumps([_row(record) for record in records])
-
-    def write_batch(self, batch: str) -> int:
-        def insert(connection):
-            cursor = connection.cursor()
-            cursor.execute(_POSTGRES_INSERT, (batch,))
-            return max(cursor.rowcount, 0)
-
-        return self.run(insert)
 
     def _has_table(self, cursor) -> bool:
         cursor.execute("SELECT to_regclass('relay_usage') IS NOT NULL")
