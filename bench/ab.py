@@ -41,9 +41,9 @@ def _log(text: str) -> None:
 
 
 def _target(name: str, tree: str, instance: int, workdir: str, upstream, cpus):
-    label = "%s#%d" % (name, instance)
     kind = _targets.LedgerRelay if name.endswith(_LEDGER) else _targets.Relay
-    return kind(workdir, upstream, cpus, tree=os.path.abspath(tree), name=label.replace("+", "-").replace("#", "-"))
+    # Its files' names in the work folder: tree index and instance keep them apart.
+    return kind(workdir, upstream, cpus, tree=os.path.abspath(tree), name="%s-%d" % (name.replace("+", "_"), instance))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,32 +75,37 @@ def main(argv: list[str] | None = None) -> None:
         for _, target in started:  # warm every process up
             runner.load(target, "bench:json", args.concurrency, duration=1.0, timeout=60)
         figures: dict = {target.name: [] for _, target in started}
+        errors: dict = {}
         began = time.monotonic()
         for round_number in range(1, args.rounds + 1):
             order = list(started)
             rng.shuffle(order)
             for _, target in order:
                 summary = runner.load(target, "bench:json", args.concurrency, duration=args.seconds, timeout=60)
-                figures[target.name].append(summary["requests_per_s"] if not summary.get("errors") else 0.0)
+                if summary.get("errors"):
+                    errors[target.name] = errors.get(target.name, 0) + 1  # a load with errors is left out
+                else:
+                    figures[target.name].append(summary["requests_per_s"])
             _log("round %d of %d done (%.0fs)" % (round_number, args.rounds, time.monotonic() - began))
     finally:
         for _, target in reversed(started):
             target.stop()
         upstream.stop()
-    print("S3 requests/s, %d processes a tree, %d loads of %gs each, %s"
-          % (args.instances, args.rounds, args.seconds, "pinned" if pin else "not pinned"))
+    print("S3 requests/s, %d processes a tree, %d loads of %gs each, %s%s"
+          % (args.instances, args.rounds, args.seconds, "pinned" if pin else "not pinned",
+             "; loads with errors, left out: %s" % (errors,) if errors else ""))
     print()
     print("| tree | median of its processes' medians | vs the first | each process's median (min-max) |")
     print("|---|---|---|---|")
     first = None
     for name in trees:
         own = [(t.name, figures[t.name]) for n, t in started if n == name]
-        medians = [statistics.median(values) for _, values in own]
+        medians = [statistics.median(values) if values else 0.0 for _, values in own]
         median = statistics.median(medians)
         first = median if first is None else first
         print("| %s | %.0f | %+.1f %% | %s |" % (
-            name, median, (median / first - 1) * 100,
-            ", ".join("%.0f (%.0f-%.0f)" % (m, min(v), max(v)) for m, (_, v) in zip(medians, own))))
+            name, median, (median / first - 1) * 100 if first else 0.0,
+            ", ".join("%.0f (%.0f-%.0f)" % (m, min(v, default=0), max(v, default=0)) for m, (_, v) in zip(medians, own))))
 
 
 if __name__ == "__main__":

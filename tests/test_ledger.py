@@ -135,6 +135,27 @@ class SQLiteLedgerServiceTests(TestCase):
         self.assertIn("Usage ledger written again", log.text())
         self.assertNotIn("Traceback", log.text())
 
+    async def test_a_row_that_cannot_be_made_is_dropped_alone(self):
+        """
+        A record that cannot be made a row (a value no JSON holds: a bug
+        upstream of the ledger) is dropped, counted and logged; the rest of
+        its batch is written, and writing goes on.
+        """
+        target = self.target()
+        log = _LogLines(self)
+        ledger = self.started(target, flush_interval=3600)
+        ledger.record(usage_record(1))
+        ledger.record(usage_record(2, session_id=object()))
+        ledger.record(usage_record(3))
+        self.assertTrue(await ledger.flush())
+        self.assertEqual((ledger.written, ledger.dropped, ledger.pending), (2, 1, 0))
+        self.assertEqual(rows_in(target), ["rly_test_000001", "rly_test_000003"])
+        self.assertIn("Dropped the usage row of rly_test_000002", log.text())
+        self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
+        ledger.record(usage_record(4))
+        self.assertTrue(await ledger.flush())
+        self.assertEqual(ledger.written, 3)
+
     async def test_bounded_queue(self):
         """Past ``max_queue`` rows waiting, more are dropped and counted (and logged), never held."""
         target = self.target()

@@ -58,8 +58,9 @@ class _LedgerDatabaseTests:
     def test_every_column_reads_back_as_written(self):
         """
         A row reads back exactly as it was recorded, whatever its text holds
-        (quotes, backslashes, non-ASCII, JSON of its own), its time to the
-        microsecond, a count past 32 bits, and empty columns as NULL.
+        (quotes, backslashes, non-ASCII past the BMP, JSON of its own), its
+        time to the microsecond, integers past a double's 53 bits, and
+        empty columns as NULL.
         """
         database = self.opened()
         odd = usage_record(
@@ -67,16 +68,20 @@ class _LedgerDatabaseTests:
             at=DECEMBER_FIRST + 0.123456,
             key_name='o\'brien "ü" \\ 名前',
             key_group=None,
-            session_id="5e3c-\u2028-é",
+            session_id="5e3c-\u2028-é-😀",
             agent_id=None,
-            tokens={kind: 2**40 + n for n, kind in enumerate(TOKEN_KINDS)},
-            cost=Decimal("12.345678901234"),
+            parent_agent_id="agent-😀",
+            tokens={kind: 2**62 - n for n, kind in enumerate(TOKEN_KINDS)},
+            cost=Decimal("9000.123456789013"),
             usage='{"input_tokens": 1, "note": "a \\"quoted\\" \\\\ text"}',
             partial=True,
         )
         unpriced = usage_record(2, cost=None, stream=False, status=529)
         self.assertEqual(database.write([odd, unpriced]), 2)
-        columns = "request_id, at, day, key_name, key_group, session_id, agent_id, upstream, model, status, stream, partial"
+        columns = (
+            "request_id, at, day, key_name, key_group, session_id, agent_id, parent_agent_id, upstream, model, "
+            "status, stream, partial"
+        )
         kinds = ", ".join(TOKEN_KINDS)
 
         def read(connection):
@@ -91,12 +96,12 @@ class _LedgerDatabaseTests:
             tuple(first),
             (
                 "rly_test_000001", DECEMBER_FIRST + 0.123456, "2026-12-01", odd.key_name, None, odd.session_id, None,
-                "default", "claude-sonnet-4-5", 200, 1, 1,
-                *[2**40 + n for n in range(len(TOKEN_KINDS))],
-                12_345_678_901_234, odd.usage,
+                "agent-😀", "default", "claude-sonnet-4-5", 200, 1, 1,
+                *[2**62 - n for n in range(len(TOKEN_KINDS))],
+                9_000_123_456_789_013, odd.usage,
             ),
         )
-        self.assertEqual((second[9], second[10], second[-2]), (529, 0, None))
+        self.assertEqual((second[10], second[11], second[-2]), (529, 0, None))
 
     def test_a_batch_written_again_counts_once(self):
         """A request already in the ledger (the same request id) is not added again: a retried batch double-counts nothing."""

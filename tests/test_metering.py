@@ -55,6 +55,11 @@ class CountingRuleTests(SynchronousTestCase):
                  "cache_creation_input_tokens": True, "cache_creation": "x"}
         self.assertEqual(counted(usage), dict.fromkeys(counted({}), 0))
 
+    def test_a_count_past_any_answer_is_bounded(self) -> None:
+        """A count no answer can reach is taken as 2**32: costs and the ledger's 64-bit columns stay in range."""
+        self.assertEqual(counted({"input_tokens": 2**70, "output_tokens": 7})["input_tokens"], 2**32)
+        self.assertEqual(counted({"output_tokens": 2**32 - 1})["output_tokens"], 2**32 - 1)
+
     def test_iterations_are_the_bill(self) -> None:
         """With ``iterations``, the tokens are theirs (a compaction's, outside the top level,
         included), each at its own model; server tools come from the top level."""

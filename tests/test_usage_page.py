@@ -24,6 +24,19 @@ class RenderTests(SynchronousTestCase):
     def page(self, keys) -> str:
         return render_usage_page(keys, DAYS, generated="now").decode("utf-8")
 
+    def test_a_spend_under_a_cent_is_escaped_in_the_page(self):
+        """``<$0.01`` is text in the page, not the start of a tag."""
+        from html.parser import HTMLParser
+
+        page = self.page([KeyUsage("dora", None, {"2026-12-02": Decimal("0.003")}, 1, 20)])
+        self.assertIn('<strong id="total">&lt;$0.01</strong>', page)
+        self.assertNotIn("<$", page)
+        texts = []
+        parser = HTMLParser()
+        parser.handle_data = texts.append
+        parser.feed(page)
+        self.assertIn("<$0.01", texts)
+
     def test_each_key_its_spend_and_the_total(self):
         page = self.page(
             [

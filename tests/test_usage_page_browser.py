@@ -15,6 +15,7 @@ import shutil
 import sqlite3
 from collections import defaultdict
 from decimal import Decimal
+from html import escape
 from html.parser import HTMLParser
 
 import treq
@@ -141,7 +142,7 @@ class UsagePageTests(TestCase):
         self.assertEqual(page.rows["alice"]["unpriced"], "0")
         self.assertGreater(ledger["alice"][0], 0)
         total = sum((cost for cost, _ in ledger.values()), Decimal(0))
-        self.assertIn('<strong id="total">%s</strong>' % (dollars(total),), out.decode("utf-8"))
+        self.assertIn('<strong id="total">%s</strong>' % (escape(dollars(total)),), out.decode("utf-8"))
 
         screenshot = os.path.join(self.folder, "usage-page.png")
         flags = flags + ["--window-size=1200,500", "--screenshot=" + screenshot]

@@ -235,10 +235,28 @@ class Ledger(Service):
         self._batch = [self._queue.popleft() for _ in range(take)]
         # The rows are made here, not on the writer thread, whose Python code
         # would hold the interpreter lock against the reactor.
-        d = deferToThreadPool(self._reactor, self._pool, self.database.write_batch, batch_of(self._batch))
+        try:
+            batch = batch_of(self._batch)
+        except Exception:
+            batch = self._without_unwritable_rows()
+        d = deferToThreadPool(self._reactor, self._pool, self.database.write_batch, batch)
         d.addCallbacks(self._written, self._failed)
         self._writing = d
         return d
+
+    def _without_unwritable_rows(self) -> str:
+        """The batch without the records that cannot be made rows of (a bug): each dropped, counted and logged."""
+        kept = []
+        for record in self._batch:
+            try:
+                batch_of([record])
+            except Exception:
+                self.dropped += 1
+                self.log.failure("Dropped the usage row of {relay_request_id}", relay_request_id=record.request_id)
+            else:
+                kept.append(record)
+        self._batch = kept
+        return batch_of(kept)
 
     def _written(self, added: int) -> bool:
         self._batch, self._writing = [], None

@@ -286,8 +286,8 @@ class LedgerDatabase:
 
     #: The driver's placeholder for a parameter.
     placeholder = "?"
-    # The INSERT of a batch (write_batch).
-    _insert = _SQLITE_INSERT
+    # The INSERT of a batch (write_batch), one parameter: the rows' JSON text.
+    _insert: str
 
     def __init__(self, description: str, *, create: bool = True, secrets: Sequence[str] = ()):
         self.description = description
@@ -434,7 +434,8 @@ class LedgerDatabase:
             self._lock_schema(cursor)
             for statement in _SCHEMA:
                 cursor.execute(statement)
-        self._check_json(cursor)
+        if self._create:
+            self._check_json(cursor)
         cursor.execute(self.sql("SELECT value FROM relay_usage_meta WHERE name = ?"), ("schema_version",))
         found = cursor.fetchone()
         if found is None and self._create:
@@ -492,6 +493,8 @@ class SQLiteLedger(LedgerDatabase):
     leaves the file whole (the batch it was writing is not in it), and
     several processes (``--workers``) write to it in turn.
     """
+
+    _insert = _SQLITE_INSERT
 
     def __init__(self, path: str, *, create: bool = True, busy_timeout_ms: int = _BUSY_TIMEOUT_MS):
         super().__init__("sqlite:" + os.path.abspath(path), create=create)

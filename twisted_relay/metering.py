@@ -44,9 +44,14 @@ from twisted_relay.usage import TOKEN_KINDS, UsageRecord
 __all__ = ["AnswerMeter", "counted", "parts_of", "tokens_of"]
 
 
+# More than any answer uses: a larger count is taken as this, which keeps
+# every cost and the ledger's 64-bit columns and sums in range.
+_MOST = 2**32
+
+
 def _count(value: Any) -> int:
-    """A token count as reported: a whole number, zero or more; anything else is 0."""
-    return value if type(value) is int and value > 0 else 0
+    """A token count as reported: a whole number, zero or more (at most :data:`_MOST`); anything else is 0."""
+    return min(value, _MOST) if type(value) is int and value > 0 else 0
 
 
 def counted(usage: dict) -> dict[str, int]:

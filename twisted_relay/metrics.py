@@ -143,7 +143,7 @@ class _DumpCollector:
         yield family
 
 
-# The usage ledger's figures (twisted_relay.ledger.Ledger's attributes): name, help, kind.
+# The usage ledger's figures: the Ledger's attribute, the metric's name, help and kind.
 _LEDGER_FIGURES = (
     ("written", "relay_ledger_rows_written", "Usage rows written to the ledger's database.", "counter"),
     ("dropped", "relay_ledger_rows_dropped", "Usage rows dropped: the queue was full, or the ledger had stopped.", "counter"),

@@ -248,6 +248,9 @@ class _RelayService(MultiService):
             for service in rest:
                 if service.running:
                     d.addCallback(lambda _, service=service: service.stopService())
+                    if isinstance(service, Ledger):
+                        # Its last writes reach the shared files (with workers).
+                        d.addCallback(lambda _: self._app.metrics.sync())
             return d
 
         # Say 503 at /ready, and go on accepting for the drain delay, so that

@@ -110,7 +110,7 @@ def render_usage_page(keys: list[KeyUsage], days: list[str], *, generated: str) 
         "</head><body>",
         "<h1>Spend by relay key</h1>",
         '<p class="range">%s to %s (UTC) &middot; total <strong id="total">%s</strong> &middot; read %s</p>'
-        % (escape(first), escape(last), dollars(total), escape(generated)),
+        % (escape(first), escape(last), escape(dollars(total)), escape(generated)),
     ]
     if not keys:
         parts.append('<p id="empty">No metered request in this range.</p>')
@@ -142,7 +142,7 @@ def _key_table(keys: list[KeyUsage], days: list[str]) -> str:
                 name,
                 name,
                 escape(key.group or ""),
-                dollars(key.total),
+                escape(dollars(key.total)),
                 key.requests,
                 "{:,}".format(key.tokens),
                 key.unpriced,
@@ -162,8 +162,8 @@ def _cap_cell(cap: Cap | None) -> str:
     filled = int(_CAP_WIDTH * min(used, Decimal(1)))
     percent = int((used * 100).to_integral_value(rounding=ROUND_HALF_UP))
     label = "%s of %s %s%s (%d%%)" % (
-        dollars(cap.spent),
-        dollars(cap.amount),
+        escape(dollars(cap.spent)),
+        escape(dollars(cap.amount)),
         escape(cap.period),
         "" if cap.scope == "user" else ", " + _SCOPE_NAMES.get(cap.scope, escape(cap.scope)),
         percent,
@@ -200,14 +200,14 @@ def _days_chart(key: KeyUsage, days: list[str]) -> str:
                 height,
                 _RED if over else _BAR,
                 day,
-                dollars(spent),
+                escape(dollars(spent)),
             )
         )
     if daily_cap is not None and top > 0:
         y = _DAYS_HEIGHT - int(_DAYS_HEIGHT * daily_cap / top)
         shapes.append(
             '<line x1="0" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-dasharray="3 2"><title>daily cap %s</title></line>'
-            % (width, y, y, _GREY, dollars(daily_cap))
+            % (width, y, y, _GREY, escape(dollars(daily_cap)))
         )
     return '<svg class="daybars" width="%d" height="%d" role="img" aria-label="spend per day">%s</svg>' % (
         width,
