@@ -121,17 +121,30 @@ class MetricsPageTests(TestCase):
         await response.content()
 
 
+def _shared_files_after(testcase, script: str) -> str:
+    """
+    Run ``script`` in a process of its own, as a worker (its folder is
+    ``sys.argv[1]``, its metrics go to a shared folder); the shared files'
+    metrics in Prometheus' text format, as the script printed them.
+    """
+    import subprocess
+    import sys
+
+    folder = testcase.mktemp()
+    shared = os.path.join(folder, "shared")
+    os.makedirs(shared)
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=shared)
+    result = subprocess.run([sys.executable, "-c", script, folder], capture_output=True, env=env, timeout=60)
+    testcase.assertEqual(result.returncode, 0, result.stderr.decode()[-2000:])
+    return result.stdout.decode()
+
+
 class UsageWithWorkersTests(SynchronousTestCase):
     """With workers, a process's usage tally is copied to the shared files by sync(), and summed."""
 
     def test_usage_reaches_the_shared_files(self):
-        import subprocess
-        import sys
-
-        folder = self.mktemp()
-        os.makedirs(folder)
         script = (
-            "import sys\n"
+            "import os, sys\n"
             "from decimal import Decimal\n"
             "from prometheus_client import CollectorRegistry, generate_latest, multiprocess\n"
             "from twisted_relay.metrics import RelayMetrics\n"
@@ -150,13 +163,10 @@ class UsageWithWorkersTests(SynchronousTestCase):
             "metrics.sync()\n"
             "metrics.sync()\n"
             "registry = CollectorRegistry()\n"
-            "multiprocess.MultiProcessCollector(registry, sys.argv[1])\n"
+            "multiprocess.MultiProcessCollector(registry, os.environ['PROMETHEUS_MULTIPROC_DIR'])\n"
             "sys.stdout.write(generate_latest(registry).decode())\n"
         )
-        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=folder)
-        result = subprocess.run([sys.executable, "-c", script, folder], capture_output=True, env=env, timeout=60)
-        self.assertEqual(result.returncode, 0, result.stderr.decode()[-2000:])
-        text = result.stdout.decode()
+        text = _shared_files_after(self, script)
         # The shared files' collector sorts the labels.
         who, model = 'group="team",key="alice"', 'model="claude-sonnet-4-5"'
         for line in (
@@ -173,11 +183,6 @@ class LedgerWithWorkersTests(SynchronousTestCase):
     """With workers, the usage ledger's figures are copied to the shared files by sync()."""
 
     def test_ledger_figures_reach_the_shared_files(self):
-        import subprocess
-        import sys
-
-        folder = self.mktemp()
-        os.makedirs(folder)
         script = (
             "import os, sys\n"
             "from decimal import Decimal\n"
@@ -212,12 +217,7 @@ class LedgerWithWorkersTests(SynchronousTestCase):
             "    await ledger.stopService()\n"
             "task.react(lambda reactor: ensureDeferred(main(reactor)))\n"
         )
-        shared = os.path.join(folder, "shared")
-        os.makedirs(shared)
-        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=shared)
-        result = subprocess.run([sys.executable, "-c", script, folder], capture_output=True, env=env, timeout=60)
-        self.assertEqual(result.returncode, 0, result.stderr.decode()[-2000:])
-        text = result.stdout.decode()
+        text = _shared_files_after(self, script)
         # Two written, three waiting (the queue's bound), one dropped.
         for line in (
             "relay_ledger_rows_written_total 2.0",

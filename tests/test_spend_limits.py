@@ -515,24 +515,30 @@ class UpstreamHeaderTests(TestCase):
 class GuardTests(TestCase):
     """The guard over a real SQLite ledger."""
 
+    def started_ledger(self, flush_interval: float):
+        """A ledger service on an SQLite file of the test's own, stopped at cleanup."""
+        from twisted_relay.ledger import Ledger
+        from twisted_relay.ledger_sql import open_ledger
+
+        folder = self.mktemp()
+        os.makedirs(folder)
+        ledger = Ledger(open_ledger(os.path.join(folder, "usage.sqlite")), reactor=reactor, flush_interval=flush_interval)
+        ledger.startService()
+        self.addCleanup(ledger.stopService)
+        return ledger
+
     async def test_a_new_cap_counts_what_was_spent_before_it(self):
         """
         A cap set on a key that already spent in the period counts that
         spend at once (the guard reads it before answering), though the
         guard's last read had no period to add up.
         """
-        from twisted_relay.ledger import Ledger
-        from twisted_relay.ledger_sql import open_ledger
         from twisted_relay.spend_guard import SpendGuard
         from twisted_relay.spend_limits_sql import set_limit
 
         from tests.ledger_records import usage_record
 
-        folder = self.mktemp()
-        os.makedirs(folder)
-        ledger = Ledger(open_ledger(os.path.join(folder, "usage.sqlite")), reactor=reactor, flush_interval=0.05)
-        ledger.startService()
-        self.addCleanup(ledger.stopService)
+        ledger = self.started_ledger(0.05)
         guard = SpendGuard(ledger, reactor=reactor, refresh_interval=0.1)
         self.assertIsNone(await guard.standing("bob", None))
         ledger.record(usage_record(1, key_name="bob", key_group=None, at=time.time(), cost=Decimal("0.05")))
@@ -551,18 +557,12 @@ class GuardTests(TestCase):
         was deleted counts what was spent meanwhile, written to the ledger or
         not yet, though the period was read while the first cap stood.
         """
-        from twisted_relay.ledger import Ledger
-        from twisted_relay.ledger_sql import open_ledger
         from twisted_relay.spend_guard import SpendGuard
         from twisted_relay.spend_limits_sql import delete_limit, set_limit
 
         from tests.ledger_records import usage_record
 
-        folder = self.mktemp()
-        os.makedirs(folder)
-        ledger = Ledger(open_ledger(os.path.join(folder, "usage.sqlite")), reactor=reactor, flush_interval=60)
-        ledger.startService()
-        self.addCleanup(ledger.stopService)
+        ledger = self.started_ledger(60)
         guard = SpendGuard(ledger, reactor=reactor, refresh_interval=60)
         first = await ledger.on_database(set_limit, "user", "carol", "daily", 1000)
         guard.know(first)
@@ -584,20 +584,14 @@ class GuardTests(TestCase):
         fell in, by key, group and relay: a daily cap leaves out yesterday's
         usage, a weekly one keeps it; another key counts only in the relay's.
         """
-        from twisted_relay.ledger import Ledger
-        from twisted_relay.ledger_sql import open_ledger
         from twisted_relay.spend_guard import SpendGuard
         from twisted_relay.spend_limits import window_start
         from twisted_relay.spend_limits_sql import delete_limit, set_limit
 
         from tests.ledger_records import usage_record
 
-        folder = self.mktemp()
-        os.makedirs(folder)
         # Rows stay unwritten: only the guard's own count sees them.
-        ledger = Ledger(open_ledger(os.path.join(folder, "usage.sqlite")), reactor=reactor, flush_interval=60)
-        ledger.startService()
-        self.addCleanup(ledger.stopService)
+        ledger = self.started_ledger(60)
         # Two hours into a Wednesday (UTC).
         today = window_start("daily", time.time())
         while time.gmtime(today).tm_wday != 2:

@@ -168,11 +168,12 @@ class SpendGuard:
     def know(self, limit: SpendLimit | None, *, forget: str | None = None) -> None:
         """A limit set (or deleted, ``forget``) here applies at once."""
         was_capped = self._capped
+        limits = dict(self._limits)
         if forget is not None:
-            self._limits.pop(forget, None)
+            limits.pop(forget, None)
         if limit is not None:
-            self._limits[limit.id] = limit
-        self._capped = any(known.amount is not None for known in self._limits.values())
+            limits[limit.id] = limit
+        self._know_limits(limits.values())
         if self._capped and not was_capped:
             # Nothing was added up while no cap was set: the spend is read
             # again before this cap is enforced, what is not written yet counted.
@@ -199,6 +200,10 @@ class SpendGuard:
             for scope in _scopes(key_name, key_group):
                 sums[scope] = sums.get(scope, Decimal(0)) + cost
 
+    def _know_limits(self, limits) -> None:
+        self._limits = {limit.id: limit for limit in limits}
+        self._capped = any(limit.amount is not None for limit in self._limits.values())
+
     def _recount(self) -> None:
         """What the last read did not see: the rows this process has not written yet."""
         self._recent = {}
@@ -218,8 +223,7 @@ class SpendGuard:
         limits, spends = found
         self._reading = None
         self._read_at = self._reactor.seconds()
-        self._limits = {limit.id: limit for limit in limits}
-        self._capped = any(limit.amount is not None for limit in limits)
+        self._know_limits(limits)
         spent = {}
         for period, totals in spends.items():
             scopes: dict[tuple[str, str], Decimal] = {}
