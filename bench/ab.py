@@ -12,8 +12,11 @@ Usage, from the work tree's root::
 
 A name ending in ``+ledger`` runs its tree with the usage ledger on
 (``--usage-db``, an SQLite file in the work folder). It prints requests/s
-per tree (the median over its processes' medians) and per process. It is not
-a test and is not run by CI.
+per tree (the median over its processes' medians) and per process, and each
+tree against the first paired by round (the mean of each round's ratio, with
+its 95 % interval over the rounds): a difference whose interval holds zero
+is within the noise. One tree under two names (``a=. a2=.``) shows what the
+noise alone does. It is not a test and is not run by CI.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from bench import targets as _targets  # noqa: E402
 from bench.run import Runner  # noqa: E402
 
 _LEDGER = "+ledger"
+
+# Student's t, two-sided 95 %, by degrees of freedom (1.96 past the table).
+_T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
+        2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04)
 
 
 def _log(text: str) -> None:
@@ -75,17 +82,21 @@ def main(argv: list[str] | None = None) -> None:
         for _, target in started:  # warm every process up
             runner.load(target, "bench:json", args.concurrency, duration=1.0, timeout=60)
         figures: dict = {target.name: [] for _, target in started}
+        by_round: list[dict] = []  # each round: tree name -> its processes' figures
         errors: dict = {}
         began = time.monotonic()
         for round_number in range(1, args.rounds + 1):
             order = list(started)
             rng.shuffle(order)
-            for _, target in order:
+            this_round: dict = {name: [] for name in trees}
+            by_round.append(this_round)
+            for name, target in order:
                 summary = runner.load(target, "bench:json", args.concurrency, duration=args.seconds, timeout=60)
                 if summary.get("errors"):
                     errors[target.name] = errors.get(target.name, 0) + 1  # a load with errors is left out
                 else:
                     figures[target.name].append(summary["requests_per_s"])
+                    this_round[name].append(summary["requests_per_s"])
             _log("round %d of %d done (%.0fs)" % (round_number, args.rounds, time.monotonic() - began))
     finally:
         for _, target in reversed(started):
@@ -106,6 +117,28 @@ def main(argv: list[str] | None = None) -> None:
         print("| %s | %.0f | %+.1f %% | %s |" % (
             name, median, (median / first - 1) * 100 if first else 0.0,
             ", ".join("%.0f (%.0f-%.0f)" % (m, min(v, default=0), max(v, default=0)) for m, (_, v) in zip(medians, own))))
+    _print_paired(trees, by_round)
+
+
+def _print_paired(trees: dict, by_round: list[dict]) -> None:
+    """Each tree against the first, round by round: the mean ratio and its 95 % interval."""
+    names = list(trees)
+    print()
+    print("| tree | vs the first, paired by round (mean) | 95 % interval | rounds |")
+    print("|---|---|---|---|")
+    for name in names[1:]:
+        ratios = [
+            statistics.fmean(r[name]) / statistics.fmean(r[names[0]]) - 1
+            for r in by_round if r[name] and r[names[0]]
+        ]
+        if len(ratios) < 2:
+            print("| %s | - | - | %d |" % (name, len(ratios)))
+            continue
+        mean = statistics.fmean(ratios)
+        t = _T95[len(ratios) - 2] if len(ratios) - 1 <= len(_T95) else 1.96
+        half = t * statistics.stdev(ratios) / len(ratios) ** 0.5
+        print("| %s | %+.1f %% | %+.1f to %+.1f %% | %d |" % (
+            name, mean * 100, (mean - half) * 100, (mean + half) * 100, len(ratios)))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -331,14 +332,7 @@ class MetricsAcrossWorkersTests(SynchronousTestCase):
                 env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_folder},
             )
             self.addCleanup(lambda: process.poll() is None and (process.kill(), process.wait()))
-            pids: set[int] = set()
-            deadline = time.monotonic() + 30
-            while len(pids) < 2 and time.monotonic() < deadline:
-                try:
-                    with urllib.request.urlopen("http://127.0.0.1:%d/health" % (port,), timeout=2) as r:
-                        pids.add(json.loads(r.read())["pid"])
-                except OSError:
-                    time.sleep(0.05)
+            pids = _pids_answering(port, 2)
             self.assertEqual(len(pids), 2)
             self.assertFalse(os.path.exists(stale))
 
@@ -373,6 +367,50 @@ class MetricsAcrossWorkersTests(SynchronousTestCase):
         # The folder was the user's: kept (its files are the next start's to clear).
         self.assertTrue(os.path.isdir(metrics_folder))
 
+    def test_a_stopped_workers_last_ledger_rows_stay_counted(self):
+        """
+        ``--workers 2`` over one SQLite ledger, rows written only as a
+        process stops: a worker stopped with SIGTERM writes its rows then,
+        and ``/metrics`` counts them after it is gone (its ledger's figures
+        are copied to the shared files once the ledger has stopped).
+        """
+        folder = os.path.abspath(self.mktemp())
+        os.makedirs(folder)
+        port = free_port()
+        log_path = os.path.join(folder, "relay.log")
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                twistd(
+                    "-n", "--pidfile=", "relay", "--simulate", "strict", "--workers", "2", "--no-dumps",
+                    "--drain-delay", "0", "--listen", "tcp:%d:interface=127.0.0.1" % (port,),
+                    "--usage-db", "usage.sqlite", "--usage-flush-interval", "600",
+                ),
+                cwd=folder, stdout=log, stderr=subprocess.STDOUT,
+            )
+            self.addCleanup(lambda: process.poll() is None and (process.kill(), process.wait()))
+            pids = _pids_answering(port, 2)
+            self.assertEqual(len(pids), 2)
+            (worker,) = pids - {process.pid}
+            n = 24
+            for _ in range(n):
+                self.assertEqual(post(port, _HELLO)[0], 200)
+
+            os.kill(worker, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            answering = _pids_answering(port, 2, seconds=5)
+            while (worker in answering or len(answering) < 2) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                answering = _pids_answering(port, 2, seconds=5)
+            self.assertEqual(len(answering - {worker}), 2)  # a new worker in its place
+            with sqlite3.connect(os.path.join(folder, "usage.sqlite")) as connection:
+                written = connection.execute("SELECT count(*) FROM relay_usage").fetchone()[0]
+            # The worker's rows, written as it stopped; the first process's still wait.
+            self.assertTrue(0 < written < n, "the kernel sent all %d requests to one process" % (n,))
+            text = _scrape(port)
+            self.assertEqual(_sample(text, "relay_ledger_rows_written_total"), float(written))
+            self.assertEqual(_sample(text, "relay_ledger_rows_pending"), float(n - written))
+            self.assertIn(stop(process), (0, -signal.SIGTERM))
+
     def test_own_folder_removed(self):
         """Without ``$PROMETHEUS_MULTIPROC_DIR`` the first process makes a folder and removes it at the end."""
         folder = os.path.abspath(self.mktemp())
@@ -397,6 +435,19 @@ class MetricsAcrossWorkersTests(SynchronousTestCase):
             self.assertEqual(len(made), 1)
             self.assertIn(stop(process), (0, -signal.SIGTERM))
         self.assertFalse(os.path.exists(made[0]))
+
+
+def _pids_answering(port: int, want: int, seconds: float = 30.0) -> set[int]:
+    """The pids answering ``/health`` on ``port``, over fresh connections, until ``want`` are seen."""
+    pids: set[int] = set()
+    deadline = time.monotonic() + seconds
+    while len(pids) < want and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/health" % (port,), timeout=2) as r:
+                pids.add(json.loads(r.read())["pid"])
+        except OSError:
+            time.sleep(0.05)
+    return pids
 
 
 def glob_one(folder: str, pattern: str) -> bool:
