@@ -103,6 +103,44 @@ class _LedgerDatabaseTests:
         )
         self.assertEqual((second[10], second[11], second[-2]), (529, 0, None))
 
+    def test_text_no_database_takes_is_escaped(self):
+        """
+        A NUL or a lone surrogate in any text column (a client's header, an
+        upstream's model name) is written as a backslash escape, in the same
+        batch as the rows beside it: PostgreSQL refuses both in text (one
+        such row would fail every batch after), SQLite keeps a surrogate as
+        bytes no reader can decode.
+        """
+        database = self.opened()
+        odd = usage_record(
+            1,
+            request_id="rly_\x00",
+            key_name="al\x00ice",
+            key_group="te\udc80am",
+            session_id="s\x00",
+            agent_id="a\ud800",
+            parent_agent_id="p\x00\udfff",
+            upstream="up\x00",
+            model="claude-\x00-\ud800",
+        )
+        self.assertEqual(database.write([usage_record(2), odd, usage_record(3)]), 3)
+
+        def read(connection):
+            cursor = connection.cursor()
+            cursor.execute(
+                "SELECT request_id, key_name, key_group, session_id, agent_id, parent_agent_id, upstream, model "
+                "FROM relay_usage WHERE key_name <> 'alice'"
+            )
+            return cursor.fetchall()
+
+        self.assertEqual(
+            [tuple(row) for row in database.run(read)],
+            [("rly_\\x00", "al\\x00ice", "te\\udc80am", "s\\x00", "a\\ud800", "p\\x00\\udfff", "up\\x00",
+              "claude-\\x00-\\ud800")],
+        )
+        (everything,) = database.totals()
+        self.assertEqual(everything.requests, 3)
+
     def test_a_batch_written_again_counts_once(self):
         """A request already in the ledger (the same request id) is not added again: a retried batch double-counts nothing."""
         database = self.opened()

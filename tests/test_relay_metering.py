@@ -174,18 +174,20 @@ class MeteringTests(SynchronousTestCase):
         self.assertEqual(sum(record.tokens.values()), 0)
 
     def test_odd_model_names(self) -> None:
-        """A model name no UTF-8 text can hold (a lone surrogate) or of a megabyte: the record,
-        its label and its log line hold it escaped and bounded; no error is logged."""
+        """A model name no UTF-8 text can hold (a lone surrogate), one PostgreSQL refuses
+        (a NUL) or of a megabyte: the record, its label and its log line hold it escaped
+        and bounded; no error is logged."""
         relay = self.relay()
-        for model in (b"claude-\\ud800", b"m" * 1_000_000):
+        for model in (b"claude-\\ud800", b"claude-\\u0000", b"m" * 1_000_000):
             raw = b'{"model": "%s", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}' % (model,)
             response = result(self, relay, relay.post("/v1/messages", raw, headers={"x-api-key": [ALICE.key]}))
             self.assertEqual(response.code, 200)
             body_of(self, relay, response)
-        odd, long = self.ledger.records
+        odd, nul, long = self.ledger.records
         self.assertEqual(odd.model, "claude-\\ud800")
+        self.assertEqual(nul.model, "claude-\\x00")
         self.assertLess(len(long.model), 250)
-        for record in (odd, long):
+        for record in (odd, nul, long):
             record.model.encode("utf-8")
             record.usage.encode("ascii")
 

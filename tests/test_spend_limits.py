@@ -226,6 +226,10 @@ class SpendLimitTests(TestCase):
             await self.call(lambda: list(self.limits.list(scope_type=["seat_tier"])))
         with self.assertRaises(anthropic.BadRequestError):
             await self.call(self.limits.set, amount="1.5", scope={"type": "organization"})
+        for name in ("ali\x00ce", "alice\n", "a" * 65, ""):
+            with self.assertRaises(anthropic.BadRequestError) as bad:
+                await self.call(self.limits.set, amount="1", scope={"type": "user", "user_id": name})
+            self.assertIn("scope.user_id: the relay key's name must be", bad.exception.body["error"]["message"])
         with self.assertRaises(anthropic.NotFoundError) as missing:
             await self.call(self.limits.retrieve, "spl_nothing")
         self.assertEqual(missing.exception.body["error"]["type"], "not_found_error")

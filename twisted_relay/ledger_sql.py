@@ -33,7 +33,7 @@ import ujson
 
 from twisted_relay.redact import redact_text
 from twisted_relay.spend_limits_sql import SCHEMA as _SPEND_LIMITS_SCHEMA
-from twisted_relay.usage import TOKEN_KINDS, UsageRecord
+from twisted_relay.usage import TOKEN_KINDS, UsageRecord, storable_text
 
 __all__ = [
     "GROUPINGS",
@@ -256,17 +256,19 @@ def batch_of(records: Sequence[UsageRecord]) -> str:
 
 def _row(record: UsageRecord) -> tuple:
     """A record as the table's columns, in order."""
+    # Text as it came (a client's headers, an upstream's answer): one NUL in
+    # it would have PostgreSQL refuse the batch, again and again.
     return (
-        record.request_id,
+        storable_text(record.request_id),
         float(record.at),
         _day(record.at),
-        record.key_name,
-        record.key_group,
-        record.session_id,
-        record.agent_id,
-        record.parent_agent_id,
-        record.upstream,
-        record.model,
+        storable_text(record.key_name),
+        storable_text(record.key_group),
+        storable_text(record.session_id),
+        storable_text(record.agent_id),
+        storable_text(record.parent_agent_id),
+        storable_text(record.upstream),
+        storable_text(record.model),
         int(record.status),
         int(bool(record.stream)),
         int(bool(record.partial)),

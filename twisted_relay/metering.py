@@ -39,7 +39,7 @@ import ujson
 
 from twisted_relay.logs import bounded
 from twisted_relay.prices import PRICED_KINDS, PriceTable
-from twisted_relay.usage import TOKEN_KINDS, UsageRecord
+from twisted_relay.usage import TOKEN_KINDS, UsageRecord, storable_text
 
 __all__ = ["AnswerMeter", "counted", "parts_of", "tokens_of"]
 
@@ -113,14 +113,9 @@ def _text(value: Any) -> str | None:
 
 
 def _model_name(model: str) -> str:
-    """A model name fit for a record, a label and a log line: bounded, and UTF-8
-    (a lone surrogate, which a client or upstream may send, escaped)."""
-    text = bounded(model)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+    """A model name fit for a record, a label and a log line: bounded, a NUL
+    or a lone surrogate (which a client or upstream may send) escaped."""
+    return storable_text(bounded(model))
 
 
 class AnswerMeter:

@@ -31,7 +31,7 @@ _KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 
 def key_name_problem(name: object) -> str | None:
     """Why ``name`` cannot name a relay key (or its group), or ``None`` when it can."""
-    if not isinstance(name, str) or not _KEY_NAME.match(name):
+    if not isinstance(name, str) or not _KEY_NAME.fullmatch(name):
         return (
             "must be 1 to 64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit"
         )

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 from twisted_relay.errors import RelayError
+from twisted_relay.relay_keys import key_name_problem
 
 __all__ = [
     "PERIODS",
@@ -222,8 +223,10 @@ def scope_of(scope: dict) -> tuple[str, str]:
     if field is None:
         return scope_type, ""
     subject = scope.get(field)
-    if not isinstance(subject, str) or not subject:
-        raise RelayError(400, "scope.%s: the %s's name, a non-empty string." % (field, "relay key" if scope_type == "user" else "group"))
+    problem = key_name_problem(subject)
+    if problem is not None:
+        # (Such a name could not match a key's; a NUL in it PostgreSQL refuses.)
+        raise RelayError(400, "scope.%s: the %s's name %s." % (field, "relay key" if scope_type == "user" else "group", problem))
     return scope_type, subject
 
 

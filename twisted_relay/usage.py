@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-__all__ = ["TOKEN_KINDS", "UsageRecord"]
+__all__ = ["TOKEN_KINDS", "UsageRecord", "storable_text"]
 
 #: The counted kinds of usage, in the ledger's column order: tokens, then
 #: server tool requests. Cache writes are split by lifetime as the API reports
@@ -25,6 +25,22 @@ TOKEN_KINDS = (
     "web_search_requests",
     "web_fetch_requests",
 )
+
+
+def storable_text(text: str | None) -> str | None:
+    """
+    ``text`` as every database, metric label and log line takes it: a NUL
+    or a lone surrogate (which a client or an upstream may send, and which
+    PostgreSQL refuses in text) written as a backslash escape.
+    """
+    if text is None or "\x00" not in text and text.isascii():
+        return text
+    text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 @dataclass(slots=True)
