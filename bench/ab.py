@@ -38,7 +38,7 @@ from bench.run import Runner  # noqa: E402
 
 _LEDGER = "+ledger"
 
-# Student's t, two-sided 95 %, by degrees of freedom (1.96 past the table).
+# Student's t, two-sided 95 %, by degrees of freedom (2.0 past the table).
 _T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
         2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04)
 
@@ -135,7 +135,7 @@ def _print_paired(trees: dict, by_round: list[dict]) -> None:
             print("| %s | - | - | %d |" % (name, len(ratios)))
             continue
         mean = statistics.fmean(ratios)
-        t = _T95[len(ratios) - 2] if len(ratios) - 1 <= len(_T95) else 1.96
+        t = _T95[len(ratios) - 2] if len(ratios) - 1 <= len(_T95) else 2.0
         half = t * statistics.stdev(ratios) / len(ratios) ** 0.5
         print("| %s | %+.1f %% | %+.1f to %+.1f %% | %d |" % (
             name, mean * 100, (mean - half) * 100, (mean + half) * 100, len(ratios)))

@@ -151,12 +151,17 @@ class PostgresServer:
         self.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def new_database(self) -> str:
-        """A new, empty database; its URL."""
+    def new_database(self, encoding: str | None = None) -> str:
+        """A new, empty database (in ``encoding``, else the server's); its URL."""
         self._databases += 1
         name = "ledger_%d" % (self._databases,)
         with psycopg.connect(self.url(), autocommit=True) as connection:
-            connection.execute("CREATE DATABASE %s" % (name,))
+            if encoding is None:
+                connection.execute("CREATE DATABASE %s" % (name,))
+            else:
+                connection.execute(
+                    "CREATE DATABASE %s TEMPLATE template0 ENCODING '%s' LC_COLLATE 'C' LC_CTYPE 'C'" % (name, encoding)
+                )
         return self.url(name)
 
     def accepts(self) -> bool:

@@ -114,7 +114,6 @@ class _LedgerDatabaseTests:
         database = self.opened()
         odd = usage_record(
             1,
-            request_id="rly_\x00",
             key_name="al\x00ice",
             key_group="te\udc80am",
             session_id="s\x00",
@@ -135,11 +134,24 @@ class _LedgerDatabaseTests:
 
         self.assertEqual(
             [tuple(row) for row in database.run(read)],
-            [("rly_\\x00", "al\\x00ice", "te\\udc80am", "s\\x00", "a\\ud800", "p\\x00\\udfff", "up\\x00",
+            [("rly_test_000001", "al\\x00ice", "te\\udc80am", "s\\x00", "a\\ud800", "p\\x00\\udfff", "up\\x00",
               "claude-\\x00-\\ud800")],
         )
         (everything,) = database.totals()
         self.assertEqual(everything.requests, 3)
+
+    def test_a_cost_past_the_column_is_stored_as_its_most(self):
+        """A cost no 64-bit column holds (only absurd counts make one) is stored as the most it
+        holds, in a batch the database takes, with the rows beside it."""
+        database = self.opened()
+        self.assertEqual(database.write([usage_record(1), usage_record(2, cost=Decimal(10**8))]), 2)
+
+        def read(connection):
+            cursor = connection.cursor()
+            cursor.execute("SELECT cost_pico_usd FROM relay_usage ORDER BY request_id")
+            return [row[0] for row in cursor.fetchall()]
+
+        self.assertEqual(database.run(read), [123_000_000, 2**63 - 1])
 
     def test_a_batch_written_again_counts_once(self):
         """A request already in the ledger (the same request id) is not added again: a retried batch double-counts nothing."""
@@ -303,6 +315,12 @@ class PostgresLedgerTests(_LedgerDatabaseTests, SynchronousTestCase):
     def execute(self, target: str, statement: str) -> None:
         with postgres_server.psycopg.connect(target) as connection:
             connection.execute(statement)
+
+    def test_a_database_not_in_utf8_is_refused(self):
+        """A database in another encoding would refuse every batch holding non-ASCII text: refused at start."""
+        target = self.server.new_database(encoding="SQL_ASCII")
+        error = self.assertRaises(LedgerError, open_ledger(target).open)
+        self.assertIn("the database's encoding is SQL_ASCII; the ledger needs a UTF8 database", str(error))
 
     def test_password_never_shown(self):
         """Neither the description nor an error holds the URL's password."""

@@ -72,6 +72,7 @@ GROUPINGS = {
 # them: SQLite's SUM over more than that in one query fails (PostgreSQL's
 # SUM of a BIGINT is exact at any size).
 _PICO = Decimal("1e-12")
+_MOST_PICOS = 2**63 - 1
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
 # Seconds to connect to PostgreSQL, and to wait for SQLite's write lock.
 _CONNECT_TIMEOUT = 5
@@ -242,7 +243,9 @@ def _day_named(number: int) -> str:
 def _picos(cost: Decimal | None) -> int | None:
     if cost is None:
         return None
-    return int(cost.scaleb(12).to_integral_value(ROUND_HALF_EVEN))
+    # Past the 64-bit column only from absurd counts (many iterations of 2**32
+    # tokens): stored as the most it holds, never a batch the database refuses.
+    return min(int(cost.scaleb(12).to_integral_value(ROUND_HALF_EVEN)), _MOST_PICOS)
 
 
 def _dollars(picos) -> Decimal:
@@ -259,7 +262,7 @@ def _row(record: UsageRecord) -> tuple:
     # Text as it came (a client's headers, an upstream's answer): one NUL in
     # it would have PostgreSQL refuse the batch, again and again.
     return (
-        storable_text(record.request_id),
+        record.request_id,  # the relay's own
         float(record.at),
         _day(record.at),
         storable_text(record.key_name),
@@ -587,6 +590,19 @@ class PostgresLedger(LedgerDatabase):
 
     def _lock_schema(self, cursor) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%d)" % (_SCHEMA_LOCK,))
+
+    def _check_json(self, cursor) -> None:
+        # A batch's JSON holds non-ASCII text as \uXXXX escapes, which only a
+        # UTF8 database turns back into text: elsewhere a batch with one fails.
+        cursor.execute("SHOW server_encoding")
+        (encoding,) = cursor.fetchone()
+        if isinstance(encoding, bytes):  # psycopg gives SQL_ASCII's text as bytes
+            encoding = encoding.decode("ascii", "replace")
+        if encoding != "UTF8":
+            raise LedgerError(
+                "%s: the database's encoding is %s; the ledger needs a UTF8 database "
+                "(CREATE DATABASE ... ENCODING 'UTF8')" % (self.description, encoding)
+            )
 
     def _has_table(self, cursor) -> bool:
         cursor.execute("SELECT to_regclass('relay_usage') IS NOT NULL")

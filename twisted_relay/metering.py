@@ -45,7 +45,8 @@ __all__ = ["AnswerMeter", "counted", "parts_of", "tokens_of"]
 
 
 # More than any answer uses: a larger count is taken as this, which keeps
-# every cost and the ledger's 64-bit columns and sums in range.
+# the ledger's 64-bit token columns in range (a cost past its column, from
+# many such iterations, is stored as the column's most: ledger_sql).
 _MOST = 2**32
 
 

@@ -26,7 +26,7 @@ __all__ = ["RelayKey", "key_name_problem", "key_pairs", "key_presented", "parse_
 #: What a relay key's name and group may hold: a letter or digit, then
 #: letters, digits, ``.``, ``_``, ``@`` and ``-`` (so that a name is a
 #: metric label, a log field and a file name as it is).
-_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+_KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 
 
 def key_name_problem(name: object) -> str | None:

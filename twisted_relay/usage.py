@@ -33,7 +33,7 @@ def storable_text(text: str | None) -> str | None:
     or a lone surrogate (which a client or an upstream may send, and which
     PostgreSQL refuses in text) written as a backslash escape.
     """
-    if text is None or "\x00" not in text and text.isascii():
+    if text is None or ("\x00" not in text and text.isascii()):
         return text
     text = text.replace("\x00", "\\x00")
     try:
