@@ -156,6 +156,27 @@ class SQLiteLedgerServiceTests(TestCase):
         self.assertTrue(await ledger.flush())
         self.assertEqual(ledger.written, 3)
 
+    async def test_a_row_the_database_refuses_is_dropped_alone(self):
+        """
+        A row the database refuses for its data (here a missing upstream,
+        which no answer lacks: a bug) would be refused at every retry: the
+        batch is written again row by row, that row dropped, counted and
+        logged, the others written; writing goes on.
+        """
+        target = self.target()
+        log = _LogLines(self)
+        ledger = self.started(target, flush_interval=3600)
+        for n in range(1, 6):
+            ledger.record(usage_record(n, upstream=None if n == 3 else "default"))
+        self.assertTrue(await ledger.flush())
+        self.assertEqual((ledger.written, ledger.dropped, ledger.pending, ledger.failures), (4, 1, 0, 0))
+        self.assertEqual(rows_in(target), ["rly_test_%06d" % n for n in (1, 2, 4, 5)])
+        self.assertIn("The usage ledger refused the row of rly_test_000003, dropped:", log.text())
+        self.assertIn("NOT NULL constraint failed: relay_usage.upstream", log.text())
+        ledger.record(usage_record(6))
+        self.assertTrue(await ledger.flush())
+        self.assertEqual(ledger.written, 5)
+
     async def test_bounded_queue(self):
         """Past ``max_queue`` rows waiting, more are dropped and counted (and logged), never held."""
         target = self.target()

@@ -15,7 +15,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted_relay.ledger_sql import (
     SCHEMA_VERSION,
     LedgerError,
+    RowsRefused,
     SQLiteLedger,
+    batch_of,
     describe_database,
     open_ledger,
 )
@@ -152,6 +154,18 @@ class _LedgerDatabaseTests:
             return [row[0] for row in cursor.fetchall()]
 
         self.assertEqual(database.run(read), [123_000_000, 2**63 - 1])
+
+    def test_a_row_refused_for_its_data(self):
+        """A batch the database refuses for a row's data (no retry mends it) raises RowsRefused;
+        written row by row, only that row is refused."""
+        database = self.opened()
+        rows = [usage_record(1), usage_record(2, upstream=None), usage_record(3)]
+        self.assertRaises(RowsRefused, database.write, rows)
+        added, refused = database.write_each([batch_of([row]) for row in rows])
+        self.assertEqual((added, list(refused)), (2, [1]))
+        self.assertIn("upstream", refused[1])
+        (everything,) = database.totals()
+        self.assertEqual(everything.requests, 2)
 
     def test_a_batch_written_again_counts_once(self):
         """A request already in the ledger (the same request id) is not added again: a retried batch double-counts nothing."""

@@ -9,7 +9,9 @@ queues it: it never blocks and never raises. Every flush interval, or as
 soon as a batch is full, the queued records go to the database in one
 transaction, on the ledger's own thread (one writer a process keeps the
 order). A write that fails leaves its rows at the head of the queue, tried
-again at the next interval; the queue is bounded (rows past it are dropped,
+again at the next interval; one the database refuses for a row's data
+(which no retry mends) is written again row by row, the refused rows
+dropped, counted and logged. The queue is bounded (rows past it are dropped,
 counted and logged), so a database down for long costs memory up to that
 bound and never stops relaying. On stop the queue is written out; a process
 killed outright loses what it had not written yet: at most the rows of
@@ -31,7 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from twisted_relay.ledger_sql import LedgerDatabase, LedgerError, Totals, batch_of
+from twisted_relay.ledger_sql import LedgerDatabase, LedgerError, RowsRefused, Totals, batch_of
 from twisted_relay.usage import UsageRecord
 
 __all__ = [
@@ -62,7 +64,8 @@ class Ledger(Service):
 
     :ivar database: the :class:`~twisted_relay.ledger_sql.LedgerDatabase`.
     :ivar written: rows written (a request already in the ledger not counted).
-    :ivar dropped: rows dropped: the queue was full, or the ledger had stopped.
+    :ivar dropped: rows dropped: the queue was full, the ledger had stopped,
+        or the database refused the row.
     :ivar failures: writes that failed (each one's rows were kept and tried again).
     :ivar pruned: rows deleted by retention.
     """
@@ -240,9 +243,29 @@ class Ledger(Service):
         except Exception:
             batch = self._without_unwritable_rows()
         d = deferToThreadPool(self._reactor, self._pool, self.database.write_batch, batch)
+        d.addErrback(self._write_one_by_one)
         d.addCallbacks(self._written, self._failed)
         self._writing = d
         return d
+
+    def _write_one_by_one(self, failure: Failure) -> Deferred:
+        """The database refused a row of the batch: write each row alone, and drop those it refuses."""
+        failure.trap(RowsRefused)
+        rows = [batch_of([record]) for record in self._batch]
+        d = deferToThreadPool(self._reactor, self._pool, self.database.write_each, rows)
+        d.addCallback(self._drop_refused)
+        return d
+
+    def _drop_refused(self, written: tuple[int, dict[int, str]]) -> int:
+        added, refused = written
+        for index, why in sorted(refused.items()):
+            self.dropped += 1
+            self.log.error(
+                "The usage ledger refused the row of {relay_request_id}, dropped: {why}",
+                relay_request_id=self._batch[index].request_id,
+                why=why,
+            )
+        return added
 
     def _without_unwritable_rows(self) -> str:
         """The batch without the records that cannot be made rows of (a bug): each dropped, counted and logged."""

@@ -41,6 +41,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "LedgerDatabase",
     "LedgerError",
+    "RowsRefused",
     "Totals",
     "batch_of",
     "describe_database",
@@ -140,6 +141,13 @@ class LedgerError(Exception):
     """
     The ledger's database cannot be used (unreachable, refused, a driver
     missing, not a ledger); its text is one line and holds no password.
+    """
+
+
+class RowsRefused(LedgerError):
+    """
+    The database is there but refused the data of a write (a value out of
+    range, a missing one): trying the same rows again cannot succeed.
     """
 
 
@@ -308,6 +316,10 @@ class LedgerDatabase:
     def _errors(self) -> tuple[type[BaseException], ...]:
         raise NotImplementedError
 
+    def _refusals(self) -> tuple[type[BaseException], ...]:
+        """Those of :meth:`_errors` that refuse a write's data, not the connection."""
+        raise NotImplementedError
+
     def _lock_schema(self, cursor) -> None:
         """Keep other relays from creating the tables at the same time (inside the transaction)."""
 
@@ -327,6 +339,12 @@ class LedgerDatabase:
         """Let go of the connection (the next call connects again)."""
         connection, self._connection = self._connection, None
         if connection is not None:
+            try:
+                # First: a failed statement still held (by its error's
+                # traceback) would keep SQLite's write lock past close().
+                connection.rollback()
+            except Exception:
+                pass
             try:
                 connection.close()
             except Exception:
@@ -350,6 +368,21 @@ class LedgerDatabase:
             return max(cursor.rowcount, 0)
 
         return self.run(insert)
+
+    def write_each(self, rows: Sequence[str]) -> tuple[int, dict[int, str]]:
+        """
+        Each of ``rows`` (one record's :func:`batch_of` each) written in a
+        transaction of its own: the rows added, and why the database refused
+        those it refused, by index. Raises :class:`LedgerError` when the
+        database fails otherwise.
+        """
+        added, refused = 0, {}
+        for index, row in enumerate(rows):
+            try:
+                added += self.write_batch(row)
+            except RowsRefused as e:
+                refused[index] = str(e)
+        return added, refused
 
     def prune(self, before: float) -> int:
         """Delete the rows of requests that arrived before ``before`` (Unix time); return how many."""
@@ -476,7 +509,8 @@ class LedgerDatabase:
             raise
         except self._errors() as e:
             self.close()
-            raise LedgerError(self._one_line(e)) from None
+            refused = isinstance(e, self._refusals())
+            raise (RowsRefused if refused else LedgerError)(self._one_line(e)) from None
 
     def _one_line(self, error: BaseException) -> str:
         text = " ".join(str(error).split()) or error.__class__.__name__
@@ -533,6 +567,9 @@ class SQLiteLedger(LedgerDatabase):
     def _errors(self):
         return (sqlite3.Error, OSError)
 
+    def _refusals(self):
+        return (sqlite3.IntegrityError, sqlite3.DataError)
+
     def _lock_schema(self, cursor) -> None:
         cursor.execute("BEGIN IMMEDIATE")
 
@@ -587,6 +624,9 @@ class PostgresLedger(LedgerDatabase):
 
     def _errors(self):
         return (self._psycopg.Error, OSError)
+
+    def _refusals(self):
+        return (self._psycopg.IntegrityError, self._psycopg.DataError)
 
     def _lock_schema(self, cursor) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%d)" % (_SCHEMA_LOCK,))
