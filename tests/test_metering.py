@@ -114,6 +114,25 @@ class AnswerMeterTests(SynchronousTestCase):
                           record.parent_agent_id), ("alice", "platform", "s1", "a1", None))
         self.assertEqual(json.loads(record.usage)["output_tokens"], 40)
 
+    def test_nulls_in_a_delta_leave_the_counts_before(self) -> None:
+        """A message_delta's null fields (a proxy built on the SDK's types sends them all) are
+        "not reported here", as the SDKs read them: message_start's counts stand."""
+        meter = AnswerMeter(DEFAULT_PRICES, "claude-opus-5-5")
+        meter.message_start({"message": {"model": "claude-opus-5-5", "usage": {
+            "input_tokens": 1200, "output_tokens": 1, "cache_read_input_tokens": 50000,
+            "cache_creation_input_tokens": 8000,
+            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 8000},
+            "server_tool_use": {"web_search_requests": 2}}}})
+        meter.message_delta({"usage": {
+            "output_tokens": 900, "input_tokens": None, "cache_read_input_tokens": None,
+            "cache_creation_input_tokens": None, "cache_creation": None, "server_tool_use": None}})
+        record = self.record(meter)
+        self.assertEqual(record.tokens, _tokens(input_tokens=1200, output_tokens=900, cache_creation_1h_tokens=8000,
+                                                cache_read_tokens=50000, web_search_requests=2))
+        # A null total beside a split: the split counts.
+        split = {"cache_creation_input_tokens": None, "cache_creation": {"ephemeral_1h_input_tokens": 30}}
+        self.assertEqual(counted(split)["cache_creation_1h_tokens"], 30)
+
     def test_unpriced_model_flagged(self) -> None:
         """A model the table does not know is metered in tokens, its cost None, never guessed."""
         meter = AnswerMeter(DEFAULT_PRICES, "claude-mythos-preview")

@@ -13,8 +13,9 @@ reads ``count_tokens``. :meth:`AnswerMeter.record` makes the answer's
 The rules (``docs/usage.md``):
 
 - A stream's usage is ``message_start``'s ``usage`` with each
-  ``message_delta``'s ``usage`` laid over it, field by field, as the SDKs
-  do; a stream that ended early keeps what was reported by then.
+  ``message_delta``'s ``usage`` laid over it, field by field, a null field
+  leaving the count before it, as the SDKs do; a stream that ended early
+  keeps what was reported by then.
 - Cache writes are split by lifetime: the 1-hour ones are
   ``cache_creation.ephemeral_1h_input_tokens``, the rest of
   ``cache_creation_input_tokens`` are 5-minute ones (a write the upstream
@@ -64,8 +65,8 @@ def counted(usage: dict) -> dict[str, int]:
     if isinstance(split, dict):
         one_hour = _count(split.get("ephemeral_1h_input_tokens"))
         five_minutes = _count(split.get("ephemeral_5m_input_tokens"))
-    if "cache_creation_input_tokens" in usage:
-        written = _count(usage.get("cache_creation_input_tokens"))
+    if usage.get("cache_creation_input_tokens") is not None:
+        written = _count(usage["cache_creation_input_tokens"])
     else:
         written = one_hour + five_minutes
     one_hour = min(one_hour, written)
@@ -152,7 +153,9 @@ class AnswerMeter:
         """A stream's ``message_delta`` payload: cumulative counts laid over those reported before."""
         usage = payload.get("usage") if isinstance(payload, dict) else None
         if isinstance(usage, dict):
-            self.usage.update(usage)
+            # A null is "not reported here", as the SDKs read it (a proxy built
+            # on their types sends every field): the count before it stands.
+            self.usage.update({name: value for name, value in usage.items() if value is not None})
             self.final = True
 
     def whole(self, message: Any) -> None:
