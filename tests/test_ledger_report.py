@@ -111,6 +111,17 @@ class ReportTests(SynchronousTestCase):
         self.assertEqual(document["total"]["requests"], 6)
         self.assertEqual(Decimal(document["total"]["cost_usd"]), Decimal("0.007134"))
 
+    def test_round_costs_in_plain_figures(self):
+        """A cost of whole dollars is written as such (20, not 2E+1) in CSV and JSON."""
+        database = open_ledger(self.path)
+        database.open()
+        database.write([usage_record(40, key_name="carol", cost=Decimal(20))])
+        database.close()
+        _, out, _ = _run("--usage-db", self.path, "--key", "carol", "--format", "csv")
+        self.assertEqual([row["cost_usd"] for row in csv.DictReader(io.StringIO(out))], ["20"])
+        _, out, _ = _run("--usage-db", self.path, "--key", "carol", "--format", "json")
+        self.assertEqual(json.loads(out)["total"]["cost_usd"], "20")
+
     def test_time_range_and_filters(self):
         """``--since`` included, ``--until`` excluded (UTC); ``--key`` and ``--group`` narrow."""
         _, out, _ = _run("--usage-db", self.path, "--since", "2026-12-02", "--format", "json")
@@ -154,7 +165,7 @@ class ReportErrorTests(SynchronousTestCase):
         self.assertIn("holds no usage ledger", err)
 
     def test_bad_arguments(self):
-        for argv in (["--by", "colour"], ["--since", "last tuesday"], ["--format", "xml"]):
+        for argv in (["--by", "colour"], ["--since", "last tuesday"], ["--format", "xml"], ["--since", "99999999w"]):
             error = io.StringIO()
             with self.assertRaises(SystemExit) as raised:
                 sys.stderr, saved = error, sys.stderr

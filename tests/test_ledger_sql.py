@@ -155,6 +155,14 @@ class _LedgerDatabaseTests:
 
         self.assertEqual(database.run(read), [123_000_000, 2**63 - 1])
 
+    def test_sums_past_64_bits(self):
+        """Costs whose sum no 64-bit integer holds (two at a column's most, from absurd counts) add
+        up exactly, for every reader of totals (the page, the report, the spend limits)."""
+        database = self.opened()
+        database.write([usage_record(1, cost=Decimal(10**8)), usage_record(2, cost=Decimal(10**8)), usage_record(3)])
+        (everything,) = database.totals()
+        self.assertEqual(everything.cost, 2 * (Decimal(2**63 - 1) / 10**12) + Decimal("0.000369"))
+
     def test_a_row_refused_for_its_data(self):
         """A batch the database refuses for a row's data (no retry mends it) raises RowsRefused;
         written row by row, only that row is refused."""

@@ -199,11 +199,14 @@ class MeteringTests(SynchronousTestCase):
         globalLogPublisher.addObserver(events.append)
         self.addCleanup(globalLogPublisher.removeObserver, events.append)
         self.post(relay, _body())
+        # A key in an attribution header, across the point where its value is cut.
+        self.post(relay, _body(), headers={"x-claude-code-session-id": ["s" * 190 + ALICE.key]})
         lines = [event for event in events if event.get("relay_request_id") and "duration_ms" in event]
-        self.assertEqual([line["relay_key"] for line in lines], ["alice"])
+        self.assertEqual([line["relay_key"] for line in lines], ["alice", "alice"])
+        self.assertTrue(self.ledger.records[1].session_id.startswith("s" * 190))
         from prometheus_client import generate_latest
 
         exposed = generate_latest(relay.app.metrics.registry).decode()
         self.assertIn('key="alice"', exposed)
         for text in (repr(events), exposed, repr(self.ledger.records), ALICE.__repr__()):
-            self.assertNotIn(ALICE.key, text)
+            self.assertNotIn(ALICE.key[:10], text)

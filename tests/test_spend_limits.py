@@ -180,6 +180,33 @@ class SpendLimitTests(TestCase):
         bob = html[html.index('data-key="bob"'):]
         self.assertIn("no cap", bob[: bob.index("</tr>")])
 
+    async def test_a_capped_key_cannot_use_a_model_without_a_price(self):
+        """
+        An answer of a model the price table does not know costs nothing
+        against a cap: a key a cap applies to is refused such a model (400,
+        not retried, nothing sent upstream); a key without a cap uses it,
+        metered in tokens.
+        """
+        await self.call(self.limits.set, amount="100000", period="daily", scope={"type": "user", "user_id": "alice"})
+
+        def ask(key):
+            client = anthropic.Anthropic(api_key=key.key, base_url=self.served.url, max_retries=2)
+            try:
+                return client.messages.create(model="claude-unpriced-9", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+            except anthropic.APIStatusError as e:
+                return e
+            finally:
+                client.close()
+
+        before = len(self.upstream.requests)
+        refused = await self.call(ask, KEYS[0])
+        self.assertIsInstance(refused, anthropic.BadRequestError)
+        self.assertIn("no price for the model claude-unpriced-9", refused.body["error"]["message"])
+        self.assertEqual(refused.response.headers["x-should-retry"], "false")
+        self.assertEqual(len(self.upstream.requests), before)
+        answered = await self.call(ask, KEYS[1])
+        self.assertEqual(answered.type, "message")
+
     async def test_group_and_relay_caps(self):
         """A group's cap stops its keys only; the relay's cap stops every key; deleting one lifts it."""
         group = await self.call(self.limits.set, amount="2", period="weekly", scope={"type": "workspace", "workspace_id": "platform"})
@@ -230,6 +257,11 @@ class SpendLimitTests(TestCase):
             with self.assertRaises(anthropic.BadRequestError) as bad:
                 await self.call(self.limits.set, amount="1", scope={"type": "user", "user_id": name})
             self.assertIn("scope.user_id: the relay key's name must be", bad.exception.body["error"]["message"])
+        deep = await treq.post(
+            self.served.url + "/v1/organizations/spend_limits", b"[" * 100_000,
+            headers={"x-api-key": [ADMIN.key], "content-type": ["application/json"]}, persistent=False,
+        )
+        self.assertEqual((deep.code, (await deep.json())["error"]["type"]), (400, "invalid_request_error"))
         with self.assertRaises(anthropic.NotFoundError) as missing:
             await self.call(self.limits.retrieve, "spl_nothing")
         self.assertEqual(missing.exception.body["error"]["type"], "not_found_error")

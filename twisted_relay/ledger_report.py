@@ -62,7 +62,12 @@ def parse_time(text: str, now: float | None = None) -> float:
     relative = _RELATIVE.match(text)
     if relative:
         now = time.time() if now is None else now
-        return now - float(relative.group(1)) * _UNITS[relative.group(2)]
+        moment = now - float(relative.group(1)) * _UNITS[relative.group(2)]
+        try:
+            datetime.fromtimestamp(moment, timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            raise ValueError("%r reaches back past any date" % (text,)) from None
+        return moment
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -219,7 +224,7 @@ def _csv(out: IO[str], by: list[str], rows: list[Totals], options) -> None:
     for row in rows:
         writer.writerow(
             [row.group[name] if row.group[name] is not None else "" for name in by]
-            + [row.requests, *(row.tokens[kind] for kind in TOKEN_KINDS), str(row.cost), row.unpriced, row.partial,
+            + [row.requests, *(row.tokens[kind] for kind in TOKEN_KINDS), format(row.cost, "f"), row.unpriced, row.partial,
                _iso(row.first), _iso(row.last)]
         )
 
@@ -231,7 +236,7 @@ def _json(out: IO[str], by: list[str], rows: list[Totals], options) -> None:
             "requests": row.requests,
             "tokens": dict(row.tokens),
             # A string: the exact decimal, which a JSON number may not keep.
-            "cost_usd": str(row.cost),
+            "cost_usd": format(row.cost, "f"),
             "unpriced": row.unpriced,
             "partial": row.partial,
             "first": _iso(row.first),

@@ -70,8 +70,8 @@ GROUPINGS = {
 # of today's prices and their multipliers (a cache read at a tenth of
 # $0.80 per million tokens, times 1.1 for US-only inference: 8.8e-8 a token)
 # is a whole number of them. A 64-bit integer holds 9.2 million dollars of
-# them: SQLite's SUM over more than that in one query fails (PostgreSQL's
-# SUM of a BIGINT is exact at any size).
+# them: a row holds at most that (_picos), and sums are made in two parts
+# (totals), since SQLite's SUM of a column fails past it.
 _PICO = Decimal("1e-12")
 _MOST_PICOS = 2**63 - 1
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -421,7 +421,10 @@ class LedgerDatabase:
         where, parameters = _conditions(since, until, key_name, key_group)
         sums = ", ".join("SUM(%s)" % (kind,) for kind in TOKEN_KINDS)
         query = (
-            "SELECT %s COUNT(*), %s, SUM(cost_pico_usd), "
+            # The cost in two sums, millionths of a dollar and the picos past
+            # them: SQLite's SUM of one column fails past 64 bits ($9.2M).
+            "SELECT %s COUNT(*), %s, SUM(cost_pico_usd / 1000000), "
+            "SUM(cost_pico_usd - cost_pico_usd / 1000000 * 1000000), "
             "SUM(CASE WHEN cost_pico_usd IS NULL THEN 1 ELSE 0 END), SUM(partial), MIN(at), MAX(at) "
             "FROM relay_usage%s%s"
         ) % (
@@ -443,13 +446,13 @@ class LedgerDatabase:
             if not row[0]:
                 continue  # no request at all: no line
             kinds = row[1 : 1 + len(TOKEN_KINDS)]
-            cost, unpriced, partial, first, last = row[1 + len(TOKEN_KINDS):]
+            micros, picos, unpriced, partial, first, last = row[1 + len(TOKEN_KINDS):]
             found.append(
                 Totals(
                     group=group,
                     requests=int(row[0]),
                     tokens={kind: int(value or 0) for kind, value in zip(TOKEN_KINDS, kinds)},
-                    cost=_dollars(cost),
+                    cost=_dollars(int(micros or 0) * 1_000_000 + int(picos or 0)),
                     unpriced=int(unpriced or 0),
                     partial=int(partial or 0),
                     first=first,

@@ -46,7 +46,6 @@ from twisted_relay.logs import bounded
 from twisted_relay.message_threads.turns import ThreadKeeper, credential_of, owner_of
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.model_list import model_body, model_list_body, routed_model_ids
-from twisted_relay.redact import redact_text
 from twisted_relay.spend_limits import refusal, standing_headers
 from twisted_relay.routing import NoRoute, RequestFacts, RetryRule, Router, route_matches
 from twisted_relay.upstream import UpstreamClients, path_escapes
@@ -184,9 +183,7 @@ class RelayedRequest:
         self.status: int | None = None
         self.stream = False
         self.error: str | None = None
-        self.attribution = {
-            name: redact_text(value, context.secrets) for name, value in attribution_of(request.requestHeaders).items()
-        }
+        self.attribution = attribution_of(request.requestHeaders, context.secrets)
         self.relay_key: RelayKey | None = None
         self.requested_model: str | None = None
         #: The ``anthropic-ratelimit-unified-*`` headers its answer carries
@@ -298,6 +295,8 @@ class RelayedRequest:
                 facts = body.facts
                 plan = context.router.plan_for(facts)
                 self.requested_model = facts.model
+                if self.spend_headers is not None:
+                    self._check_priced(facts.model)
             else:
                 listed = routed_model_ids(context.router.config)
                 if listed is not None:
@@ -357,6 +356,19 @@ class RelayedRequest:
                 self.request.setHeader(name, value)
             raise error
         self.spend_headers = standing_headers(standing)
+
+    def _check_priced(self, model: str | None) -> None:
+        """
+        Refuse a request a spend cap applies to for a model the price table
+        cannot price (400): its answer would cost nothing against the cap.
+        """
+        if isinstance(model, str) and self.context.config.prices.price_of(model) is None:
+            raise RelayError(
+                400,
+                "This relay has no price for the model %s, so a request under a spend limit cannot use it "
+                "(the relay's price table needs it first)." % (bounded(model),),
+                should_retry=False,
+            )
 
     def prepared(self, raw: bytes, sent) -> None:
         """

@@ -271,7 +271,7 @@ async def set_route(context, request) -> bytes:
     guard = _guard_of(context)
     try:
         body = json.loads(request.content.read() or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the parser's depth)
         raise RelayError(400, "The body is not valid JSON.") from None
     scope_type, scope_id, period, amount = parse_set_body(body)
     limit = await context.ledger.on_database(set_limit, scope_type, scope_id, period, amount)

@@ -17,6 +17,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
 from twisted_relay.errors import RelayError
+from twisted_relay.redact import redact_text
 
 __all__ = [
     "ATTRIBUTION_HEADERS",
@@ -75,17 +76,19 @@ _NOT_FORWARDED_UPSTREAM_NOR_ATTRIBUTION = _NOT_FORWARDED_UPSTREAM | frozenset(AT
 _ATTRIBUTION_CHARS = 200
 
 
-def attribution_of(headers: Headers) -> dict[str, str]:
+def attribution_of(headers: Headers, secrets: Iterable[str] = ()) -> dict[str, str]:
     """
     The attribution headers a client sent, by name (``x-claude-code-session-id``
-    ...), each its first value as text, cut at 200 characters: what the log
-    line and the dumps record.
+    ...), each its first value as text, ``secrets`` and keys removed
+    (:func:`~twisted_relay.redact.redact_text`), then cut at 200 characters:
+    what the log line, the dumps and the usage ledger record.
     """
     found = {}
     for name in ATTRIBUTION_HEADERS:
         values = headers.getRawHeaders(name)
         if values:
-            text = values[0].decode("latin-1")
+            # Redacted whole: a key cut in two would no longer be found.
+            text = redact_text(values[0].decode("latin-1"), secrets)
             if len(text) > _ATTRIBUTION_CHARS:
                 text = text[:_ATTRIBUTION_CHARS] + "...(%d chars)" % (len(text),)
             found[name.decode("ascii")] = text
