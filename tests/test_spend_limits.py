@@ -28,7 +28,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from twisted_relay.config import RelayConfig, RelayKey, one_upstream
+from twisted_relay.config import RelayConfig, RelayKey, Route, Target, one_upstream
 from twisted_relay.simulated import SimulatedUpstream
 from twisted_relay.spend_limits import SpendLimit, Standing, binding, standing_headers, window_end, window_start
 
@@ -83,6 +83,12 @@ class SpendLimitTests(TestCase):
         ).with_changes(
             relay_keys=KEYS, admin_keys=(ADMIN,), usage_db=os.path.join(folder, "usage.sqlite"), usage_flush_interval=0.1,
             metrics=True,
+            # An alias the relay sends upstream as a priced model, and one as a model without a price.
+            routes=(
+                Route(models=("fast",), targets=(Target("default", "claude-haiku-4-5"),)),
+                Route(models=("cheap",), targets=(Target("default", "claude-unpriced-9"),)),
+                Route(targets=(Target("default"),)),
+            ),
         )
         self.db = config.usage_db
         self.dumps = config.dump_dir
@@ -184,15 +190,15 @@ class SpendLimitTests(TestCase):
         """
         An answer of a model the price table does not know costs nothing
         against a cap: a key a cap applies to is refused such a model (400,
-        not retried, nothing sent upstream); a key without a cap uses it,
-        metered in tokens.
+        not retried, nothing sent upstream), as its route would send it
+        upstream; a key without a cap uses it, metered in tokens.
         """
         await self.call(self.limits.set, amount="100000", period="daily", scope={"type": "user", "user_id": "alice"})
 
-        def ask(key):
+        def ask(key, model="claude-unpriced-9"):
             client = anthropic.Anthropic(api_key=key.key, base_url=self.served.url, max_retries=2)
             try:
-                return client.messages.create(model="claude-unpriced-9", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+                return client.messages.create(model=model, max_tokens=16, messages=[{"role": "user", "content": "hi"}])
             except anthropic.APIStatusError as e:
                 return e
             finally:
@@ -206,6 +212,10 @@ class SpendLimitTests(TestCase):
         self.assertEqual(len(self.upstream.requests), before)
         answered = await self.call(ask, KEYS[1])
         self.assertEqual(answered.type, "message")
+        # What the route sends upstream is what is priced: an alias of a priced model goes through.
+        self.assertEqual((await self.call(ask, KEYS[0], "fast")).model, "claude-haiku-4-5")
+        renamed = await self.call(ask, KEYS[0], "cheap")
+        self.assertIn("no price for the model claude-unpriced-9", renamed.body["error"]["message"])
 
     async def test_group_and_relay_caps(self):
         """A group's cap stops its keys only; the relay's cap stops every key; deleting one lifts it."""

@@ -510,10 +510,13 @@ class LedgerDatabase:
         except LedgerError:
             self.close()
             raise
+        except self._refusals() as e:
+            # The connection is sound: only this transaction goes.
+            self._connection.rollback()
+            raise RowsRefused(self._one_line(e)) from None
         except self._errors() as e:
             self.close()
-            refused = isinstance(e, self._refusals())
-            raise (RowsRefused if refused else LedgerError)(self._one_line(e)) from None
+            raise LedgerError(self._one_line(e)) from None
 
     def _one_line(self, error: BaseException) -> str:
         text = " ".join(str(error).split()) or error.__class__.__name__

@@ -146,7 +146,7 @@ class _DumpCollector:
 # The usage ledger's figures: the Ledger's attribute, the metric's name, help and kind.
 _LEDGER_FIGURES = (
     ("written", "relay_ledger_rows_written", "Usage rows written to the ledger's database.", "counter"),
-    ("dropped", "relay_ledger_rows_dropped", "Usage rows dropped: the queue was full, or the ledger had stopped.", "counter"),
+    ("dropped", "relay_ledger_rows_dropped", "Usage rows dropped: the queue was full, the ledger had stopped, or the database refused the row.", "counter"),
     ("failures", "relay_ledger_write_failures", "Ledger writes that failed (their rows kept and tried again).", "counter"),
     ("pending", "relay_ledger_rows_pending", "Usage rows not written yet (queued or being written).", "gauge"),
 )

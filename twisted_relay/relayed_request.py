@@ -295,8 +295,6 @@ class RelayedRequest:
                 facts = body.facts
                 plan = context.router.plan_for(facts)
                 self.requested_model = facts.model
-                if self.spend_headers is not None:
-                    self._check_priced(facts.model)
             else:
                 listed = routed_model_ids(context.router.config)
                 if listed is not None:
@@ -307,6 +305,8 @@ class RelayedRequest:
                     plan = context.router.plan_for_listing()
             if isinstance(plan, NoRoute):
                 raise _no_route_error(context.router, plan, facts, None if body is None else body.head)
+            if self.spend_headers is not None:
+                self._check_priced(plan.models())
             # The facts may hold the parsed body, which a request waiting on
             # the upstream must not keep.
             facts = None
@@ -357,16 +357,18 @@ class RelayedRequest:
             raise error
         self.spend_headers = standing_headers(standing)
 
-    def _check_priced(self, model: str | None) -> None:
+    def _check_priced(self, models: list[str]) -> None:
         """
-        Refuse a request a spend cap applies to for a model the price table
-        cannot price (400): its answer would cost nothing against the cap.
+        Refuse a request a spend cap applies to when a model its route may ask
+        for has no price (400): its answer would cost nothing against the cap.
         """
-        if isinstance(model, str) and self.context.config.prices.price_of(model) is None:
+        prices = self.context.config.prices
+        unpriced = [model for model in models if prices.price_of(model) is None]
+        if unpriced:
             raise RelayError(
                 400,
                 "This relay has no price for the model %s, so a request under a spend limit cannot use it "
-                "(the relay's price table needs it first)." % (bounded(model),),
+                "(the relay's price table needs it first)." % (bounded(unpriced[0]),),
                 should_retry=False,
             )
 
