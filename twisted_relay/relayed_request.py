@@ -305,8 +305,9 @@ class RelayedRequest:
                     plan = context.router.plan_for_listing()
             if isinstance(plan, NoRoute):
                 raise _no_route_error(context.router, plan, facts, None if body is None else body.head)
-            if self.spend_headers is not None:
-                self._check_priced(plan.models())
+            if self.spend_headers is not None and facts is not None:
+                # What each target would send upstream: its own model, else the request's.
+                self._check_priced([target.model or facts.model for target in plan.route.targets])
             # The facts may hold the parsed body, which a request waiting on
             # the upstream must not keep.
             facts = None
@@ -357,13 +358,13 @@ class RelayedRequest:
             raise error
         self.spend_headers = standing_headers(standing)
 
-    def _check_priced(self, models: list[str]) -> None:
+    def _check_priced(self, models: list[str | None]) -> None:
         """
         Refuse a request a spend cap applies to when a model its route may ask
         for has no price (400): its answer would cost nothing against the cap.
         """
         prices = self.context.config.prices
-        unpriced = [model for model in models if prices.price_of(model) is None]
+        unpriced = [model for model in models if model and prices.price_of(model) is None]
         if unpriced:
             raise RelayError(
                 400,

@@ -440,10 +440,6 @@ class Plan:
         self._target_resting = False
         self._pending: Attempt | None = None
 
-    def models(self) -> list[str]:
-        """The models its attempts may ask upstreams for: each target's own, else the request's."""
-        return [model for model in (target.model or self._model for target in self.route.targets) if model]
-
     def first(self) -> Attempt:
         """The first attempt (asked once)."""
         if self.tried or self._pending is not None:
