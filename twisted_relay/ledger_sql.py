@@ -512,7 +512,10 @@ class LedgerDatabase:
             raise
         except self._refusals() as e:
             # The connection is sound: only this transaction goes.
-            self._connection.rollback()
+            try:
+                self._connection.rollback()
+            except self._errors():
+                self.close()
             raise RowsRefused(self._one_line(e)) from None
         except self._errors() as e:
             self.close()
