@@ -19,6 +19,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 
 import ujson
@@ -83,6 +85,19 @@ def start_twistd(testcase, *args: str) -> tuple[subprocess.Popen, str]:
 
     testcase.addCleanup(stop)
     return process, log_path
+
+
+def pids_answering(port: int, want: int, seconds: float = 30.0) -> set[int]:
+    """The pids answering ``/health`` on ``port``, over fresh connections, until ``want`` are seen."""
+    pids: set[int] = set()
+    deadline = time.monotonic() + seconds
+    while len(pids) < want and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/health" % (port,), timeout=2) as response:
+                pids.add(ujson.loads(response.read())["pid"])
+        except OSError:
+            time.sleep(0.05)
+    return pids
 
 
 def messages_body(messages=None, *, stream=False, tools=True, **extra) -> dict:

@@ -22,7 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from twisted_relay.logs import event_as_json
 
-from .helpers import free_port, twistd
+from .helpers import free_port, pids_answering, start_twistd, twistd
 
 
 def wait_until_up(port: int, process: subprocess.Popen, seconds: float = 20.0) -> None:
@@ -332,7 +332,7 @@ class MetricsAcrossWorkersTests(SynchronousTestCase):
                 env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_folder},
             )
             self.addCleanup(lambda: process.poll() is None and (process.kill(), process.wait()))
-            pids = _pids_answering(port, 2)
+            pids = pids_answering(port, 2)
             self.assertEqual(len(pids), 2)
             self.assertFalse(os.path.exists(stale))
 
@@ -374,43 +374,37 @@ class MetricsAcrossWorkersTests(SynchronousTestCase):
         and ``/metrics`` counts them after it is gone (its ledger's figures
         are copied to the shared files once the ledger has stopped).
         """
-        folder = os.path.abspath(self.mktemp())
-        os.makedirs(folder)
         port = free_port()
-        log_path = os.path.join(folder, "relay.log")
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                twistd(
-                    "-n", "--pidfile=", "relay", "--simulate", "strict", "--workers", "2", "--no-dumps",
-                    "--drain-delay", "0", "--listen", "tcp:%d:interface=127.0.0.1" % (port,),
-                    "--usage-db", "usage.sqlite", "--usage-flush-interval", "600",
-                ),
-                cwd=folder, stdout=log, stderr=subprocess.STDOUT,
-            )
-            self.addCleanup(lambda: process.poll() is None and (process.kill(), process.wait()))
-            pids = _pids_answering(port, 2)
-            self.assertEqual(len(pids), 2)
-            (worker,) = pids - {process.pid}
-            n = 24
-            for _ in range(n):
-                self.assertEqual(post(port, _HELLO)[0], 200)
+        process, log_path = start_twistd(
+            self,
+            "-n", "--pidfile=", "relay", "--simulate", "strict", "--workers", "2", "--no-dumps",
+            "--drain-delay", "0", "--listen", "tcp:%d:interface=127.0.0.1" % (port,),
+            "--usage-db", "usage.sqlite", "--usage-flush-interval", "600",
+        )
+        folder = os.path.dirname(log_path)
+        pids = pids_answering(port, 2)
+        self.assertEqual(len(pids), 2)
+        (worker,) = pids - {process.pid}
+        n = 24
+        for _ in range(n):
+            self.assertEqual(post(port, _HELLO)[0], 200)
 
-            os.kill(worker, signal.SIGTERM)
-            deadline = time.monotonic() + 30
-            answering = _pids_answering(port, 2, seconds=5)
-            while (worker in answering or len(answering) < 2) and time.monotonic() < deadline:
-                time.sleep(0.1)
-                answering = _pids_answering(port, 2, seconds=5)
-            self.assertEqual(len(answering - {worker}), 2)  # a new worker in its place
-            with sqlite3.connect(os.path.join(folder, "usage.sqlite")) as connection:
-                written = connection.execute("SELECT count(*) FROM relay_usage").fetchone()[0]
-            # The worker's rows, written as it stopped; the first process's still wait.
-            self.assertGreater(written, 0, "the stopped worker's rows were not written (or it served none)")
-            self.assertLess(written, n, "the kernel sent all %d requests to the worker" % (n,))
-            text = _scrape(port)
-            self.assertEqual(_sample(text, "relay_ledger_rows_written_total"), float(written))
-            self.assertEqual(_sample(text, "relay_ledger_rows_pending"), float(n - written))
-            self.assertIn(stop(process), (0, -signal.SIGTERM))
+        os.kill(worker, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        answering = pids_answering(port, 2, seconds=5)
+        while (worker in answering or len(answering) < 2) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            answering = pids_answering(port, 2, seconds=5)
+        self.assertEqual(len(answering - {worker}), 2)  # a new worker in its place
+        with sqlite3.connect(os.path.join(folder, "usage.sqlite")) as connection:
+            written = connection.execute("SELECT count(*) FROM relay_usage").fetchone()[0]
+        # The worker's rows, written as it stopped; the first process's still wait.
+        self.assertGreater(written, 0, "the stopped worker's rows were not written (or it served none)")
+        self.assertLess(written, n, "the kernel sent all %d requests to the worker" % (n,))
+        text = _scrape(port)
+        self.assertEqual(_sample(text, "relay_ledger_rows_written_total"), float(written))
+        self.assertEqual(_sample(text, "relay_ledger_rows_pending"), float(n - written))
+        self.assertIn(stop(process), (0, -signal.SIGTERM))
 
     def test_own_folder_removed(self):
         """Without ``$PROMETHEUS_MULTIPROC_DIR`` the first process makes a folder and removes it at the end."""
@@ -436,19 +430,6 @@ class MetricsAcrossWorkersTests(SynchronousTestCase):
             self.assertEqual(len(made), 1)
             self.assertIn(stop(process), (0, -signal.SIGTERM))
         self.assertFalse(os.path.exists(made[0]))
-
-
-def _pids_answering(port: int, want: int, seconds: float = 30.0) -> set[int]:
-    """The pids answering ``/health`` on ``port``, over fresh connections, until ``want`` are seen."""
-    pids: set[int] = set()
-    deadline = time.monotonic() + seconds
-    while len(pids) < want and time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/health" % (port,), timeout=2) as r:
-                pids.add(json.loads(r.read())["pid"])
-        except OSError:
-            time.sleep(0.05)
-    return pids
 
 
 def glob_one(folder: str, pattern: str) -> bool:

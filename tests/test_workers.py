@@ -22,7 +22,7 @@ from twisted_relay.config import RelayConfig
 from twisted_relay.tap import Options
 from twisted_relay.workers import config_from_json, config_to_json, listen_reuseport
 
-from .helpers import free_port, start_twistd
+from .helpers import free_port, pids_answering, start_twistd
 
 
 def _alive(pid: int) -> bool:
@@ -134,23 +134,8 @@ class WorkerProcessTests(SynchronousTestCase):
             "--listen", "tcp:%d:interface=127.0.0.1" % (self.port,),
         )
 
-    def _health(self) -> dict:
-        with urllib.request.urlopen("http://127.0.0.1:%d/health" % (self.port,), timeout=5) as response:
-            return json.loads(response.read())
-
-    def _pids(self, want: int, seconds: float = 20.0) -> set[int]:
-        """The pids answering /health, over fresh connections, until ``want`` are seen."""
-        seen: set[int] = set()
-        deadline = time.monotonic() + seconds
-        while len(seen) < want and time.monotonic() < deadline:
-            try:
-                seen.add(self._health()["pid"])
-            except OSError:
-                time.sleep(0.05)
-        return seen
-
     def test_workers_share_serve_restart_and_stop(self):
-        pids = self._pids(2)
+        pids = pids_answering(self.port, 2, seconds=20)
         self.assertEqual(len(pids), 2, open(self.log_path, "rb").read().decode(errors="replace")[-2000:])
         self.assertIn(self.relay.pid, pids)
         (worker,) = pids - {self.relay.pid}
@@ -174,7 +159,7 @@ class WorkerProcessTests(SynchronousTestCase):
         deadline = time.monotonic() + 20
         while _alive(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        pids = self._pids(2)
+        pids = pids_answering(self.port, 2, seconds=20)
         self.assertEqual(len(pids), 2)
         (new_worker,) = pids - {self.relay.pid}
         self.assertNotEqual(new_worker, worker)
@@ -195,7 +180,7 @@ class WorkerProcessTests(SynchronousTestCase):
 
     def test_workers_stop_when_the_first_process_vanishes(self):
         """A worker whose first process is killed outright stops by itself."""
-        pids = self._pids(2)
+        pids = pids_answering(self.port, 2, seconds=20)
         self.assertEqual(len(pids), 2)
         (worker,) = pids - {self.relay.pid}
         self.relay.kill()

@@ -165,6 +165,18 @@ class _LedgerCollector:
             yield family
 
 
+def _add_increases(counted: dict, source, counter_of) -> None:
+    """
+    Add to each shared counter what ``source``'s attribute of that name
+    counted since the last copy (``counted``: name -> the value copied).
+    """
+    for name, before in counted.items():
+        now = getattr(source, name, 0)
+        if now > before:
+            counter_of(name).inc(now - before)
+            counted[name] = now
+
+
 # The thread store's counters, as its attributes.
 _THREAD_COUNTERS = ("hits", "misses", "evictions", "expirations", "failures")
 
@@ -522,11 +534,7 @@ class RelayMetrics:
 
     def _sync_threads(self) -> None:
         store = self._thread_store
-        for name, before in self._threads_counted.items():
-            now = getattr(store, name, 0)
-            if now > before:
-                self._thread_counters[name].inc(now - before)
-                self._threads_counted[name] = now
+        _add_increases(self._threads_counted, store, self._thread_counters.__getitem__)
         size = store.size()
         if size is not None:
             self._threads_held.set(size[0])
@@ -552,13 +560,8 @@ class RelayMetrics:
         }
 
     def _sync_ledger(self) -> None:
-        ledger = self._ledger
-        for attribute, before in self._ledger_counted.items():
-            now = getattr(ledger, attribute)
-            if now > before:
-                self._ledger_metrics[attribute].inc(now - before)
-                self._ledger_counted[attribute] = now
-        self._ledger_metrics["pending"].set(ledger.pending)
+        _add_increases(self._ledger_counted, self._ledger, self._ledger_metrics.__getitem__)
+        self._ledger_metrics["pending"].set(self._ledger.pending)
 
     def watch_active_requests(self, count) -> None:
         """
@@ -602,11 +605,7 @@ class RelayMetrics:
                 self.labelled(self._usage_counters[name], *labels).inc(value - copied)
                 self._usage_copied[(name, *labels)] = value
         if self._dumps is not None:
-            for outcome, before in self._dumps_counted.items():
-                now = getattr(self._dumps, outcome, 0)
-                if now > before:
-                    self.dumps_total.labels(outcome).inc(now - before)
-                    self._dumps_counted[outcome] = now
+            _add_increases(self._dumps_counted, self._dumps, self.dumps_total.labels)
 
     def sync_service(self):
         """A service that calls :meth:`sync` every second (with workers), else ``None``."""
