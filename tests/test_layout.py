@@ -37,7 +37,7 @@ LAYERS = (
     ("message threads", ("message_threads",)),
     ("whole-body work", ("body_work", "body_worker", "body_pool")),
     ("settings", ("configfile", "settings")),
-    ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream")),
+    ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream", "logins", "wires")),
     ("streaming", ("sse_events", "sse")),
     ("records", ("dumps", "metrics", "spend_limits_sql", "ledger_sql", "ledger")),
     ("the request path", ("drain", "pacing", "batch", "answer", "attempts", "relayed_request", "app", "site", "admin", "spend_guard")),
