@@ -31,6 +31,7 @@ from twisted_relay.errors import RelayError
 from twisted_relay.routing import CLIENT_GONE, Verdict, judge
 from twisted_relay.upstream import read_body
 from twisted_relay.upstream_headers import upstream_request_headers
+from twisted_relay.wires.base import betas_of, check_model_id
 
 __all__ = ["Attempts", "Sent", "retry_after"]
 
@@ -49,6 +50,7 @@ class Sent:
     body: bytes | None
     translation: object
     droppable: bool = False
+    stream: bool = False
 
 
 class Attempts:
@@ -158,17 +160,27 @@ class Attempts:
         """The path, headers and body to send for one attempt: its model, its key, its upstream's id rules."""
         context, relayed, body = self._context, self._relayed, self._body
         path = self._path
+        upstream = attempt.upstream
+        wire = context.clients[upstream.name].wire
         headers = upstream_request_headers(
             relayed.request.requestHeaders,
             attempt.key,
-            strip_credentials=bool(context.relay_keys),
+            # A login of the relay's own: the client's credentials never go.
+            strip_credentials=bool(context.relay_keys) or upstream.login is not None,
             forward_attribution=context.config.forward_attribution,
         )
+        for name, value in upstream.headers:
+            headers.setRawHeaders(name.encode("ascii"), [value.encode("utf-8")])
         if body is None:
             model_id = relayed.model_id
             if model_id is not None and attempt.model is not None and attempt.model != model_id:
                 path = _renamed_model_path(path, attempt.model)
             return Sent(path, headers, None, None)
+        stream = body.head.get("stream") is True
+        form = None
+        if wire is not None and wire.name != "anthropic":
+            check_model_id(attempt.model)
+            path, headers, form = wire.outgoing(relayed.route.name, path, headers, attempt.model, stream)
         turn, thread = relayed.turn, None
         if turn is not None:
             if context.threads.upstream_knows:
@@ -180,14 +192,15 @@ class Attempts:
         first = not self.plan.tried
         # Worked on here for a small body, in a worker process for a large one.
         prepared = await relayed.wait(
-            body.prepare(attempt.model, context.router.rules(attempt.upstream), thread, remembered, first)
+            body.prepare(attempt.model, context.router.rules(attempt.upstream), thread, remembered, first, form)
         )
         if first:
             note_repairs(context, relayed.id, prepared.repairs, prepared.repair_count)
         if prepared.dropping:
             headers = headers.copy()
             headers.setRawHeaders(b"anthropic-beta", [with_beta(headers.getRawHeaders(b"anthropic-beta"))])
-        sent = Sent(path, headers, prepared.body, prepared.translation, prepared.droppable)
+        droppable = prepared.droppable and (wire is None or wire.recovers_bindings)
+        sent = Sent(path, headers, prepared.body, prepared.translation, droppable, stream)
         relayed.prepared(body.raw, sent)
         return sent
 
@@ -205,10 +218,13 @@ class Attempts:
         pooled = attempt.key_index is not None
         retried = 0
         recovered = False
+        # The wire's own second tries: the credentials fetched again, betas left out.
+        logged_in_again = betas_left_out = False
+        kind = relayed.route.name
         while True:
             started = clock.seconds()
             try:
-                response = await relayed.wait(client.request(relayed.request.method, sent.path, sent.headers, sent.body))
+                response = await relayed.wait(self._request(client, sent))
             except RelayError as e:
                 judgement = judge(error_kind=e.kind, pooled=pooled, retried=retried, retry=rule)
                 if judgement.verdict is Verdict.RETRY:
@@ -218,8 +234,23 @@ class Attempts:
                 metrics.upstream_errors.labels(e.kind or "other").inc()
                 raise
             metrics.labelled(metrics.upstream_latency, relayed.route.name).observe(clock.seconds() - started)
+            wire = client.wire
             if response.code < 300:
+                if wire is not None:
+                    response = wire.answered(kind, sent.stream, response)
                 return response, None, sent
+            if wire is not None and wire.reads_errors:
+                refusal = wire.refusal(kind, response.code, response.headers, await self._read(response, attempt),
+                                       attempt.model)
+                if refusal.expired and client.login is not None and not logged_in_again:
+                    logged_in_again = True
+                    await relayed.wait(client.login.refresh())
+                    continue
+                if refusal.unwanted_betas and not betas_left_out:
+                    betas_left_out = True
+                    sent = replace(sent, headers=_without_betas(sent.headers, refusal.unwanted_betas))
+                    continue
+                response = _ReadAnswer(response, refusal.body, code=refusal.status)
             # Read only where it decides something (a 429, or a status retried).
             asked = response.code == 429 or response.code in rule.statuses
             asked_wait = retry_after(response.headers) if asked else None
@@ -242,6 +273,14 @@ class Attempts:
                 await self._pause(retried, judgement.wait, "status %d" % (response.code,))
                 continue
             return response, asked_wait, sent
+
+    def _request(self, client, sent: Sent):
+        """Send ``sent`` through ``client``, the upstream's login put on it first (a signature covers this send)."""
+        headers, login = sent.headers, client.login
+        if login is not None:
+            headers = headers.copy()
+            login.authorize(self._relayed.request.method, client.wire_url(sent.path), headers, sent.body)
+        return client.request(self._relayed.request.method, sent.path, headers, sent.body)
 
     def _may_drop_blocks(self, sent: Sent) -> bool:
         """Recovery is on and the body sent may take ``drop_block`` (:func:`~twisted_relay.bodies.droppable`)."""
@@ -360,11 +399,16 @@ class _ReadAnswer:
     the response's own.
     """
 
-    def __init__(self, response, body: bytes):
+    def __init__(self, response, body: bytes, code: int | None = None):
         self._response = response
         self._body = body
-        self.code = response.code
+        self.code = response.code if code is None else code
         self.headers = response.headers
+        if code is not None:
+            # The wire's Anthropic envelope, not the upstream's own body.
+            self.headers = response.headers.copy()
+            self.headers.setRawHeaders(b"content-type", [b"application/json"])
+            self.headers.removeHeader(b"content-length")
         self.length = len(body)
 
     def __getattr__(self, name):
@@ -409,6 +453,17 @@ def retry_after(headers: Headers) -> float | None:
             except (TypeError, ValueError, OverflowError):
                 pass
     return None
+
+
+def _without_betas(headers: Headers, unwanted: tuple[str, ...]) -> Headers:
+    """``headers`` with the ``anthropic-beta`` values in ``unwanted`` left out."""
+    kept = [beta for beta in betas_of(headers) if beta not in unwanted]
+    headers = headers.copy()
+    if kept:
+        headers.setRawHeaders(b"anthropic-beta", [",".join(kept).encode("latin-1")])
+    else:
+        headers.removeHeader(b"anthropic-beta")
+    return headers
 
 
 def _renamed_model_path(path: str, model: str) -> str:

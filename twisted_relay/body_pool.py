@@ -393,12 +393,16 @@ class RequestBody:
         return self._body
 
     def prepare(
-        self, model: str | None, rules: UpstreamRules, thread: ThreadForm | None, drop_blocks: bool, note_repairs: bool
+        self, model: str | None, rules: UpstreamRules, thread: ThreadForm | None, drop_blocks: bool, note_repairs: bool,
+        form=None,
     ) -> Deferred:
         """
         What one attempt sends (:func:`~twisted_relay.body_work.prepare`): a
         Deferred of a :class:`~twisted_relay.body_work.Prepared`. The parsed
         body goes to the first attempt only, then is dropped.
+
+        :param form: the wire's edits of the body (a
+            :class:`~twisted_relay.wires.BodyForm`), if any.
         """
         shown = REPAIRS_SHOWN if note_repairs else 0
         if self.inline:
@@ -410,11 +414,12 @@ class RequestBody:
                 with collector_paused():
                     if body is None:
                         body = ujson.loads(self.raw)
-                    return succeed(prepare(body, self.raw, model, rules, thread, drop_blocks, shown))
+                    return succeed(prepare(body, self.raw, model, rules, thread, drop_blocks, shown, form))
             except Exception:
                 return fail()
         d = self.pool.run(
-            "prepare", self.raw, model, tuple(rules.to_dict().items()), thread, drop_blocks, shown, PART_SIZE
+            "prepare", self.raw, model, tuple(rules.to_dict().items()), thread, drop_blocks, shown, PART_SIZE,
+            tuple(form) if form else None,
         )
         return d.addCallback(lambda result: Deferred.fromCoroutine(self._assemble(result, rules)))
 

@@ -30,6 +30,7 @@ import ujson
 from twisted_relay._json import to_json
 from twisted_relay.affinity import conversation_of
 from twisted_relay.bodies import droppable, dropping_blocks, holds_image
+from twisted_relay.body_form import BodyForm
 from twisted_relay.errors import RelayError
 from twisted_relay.message_threads.model import ThreadError, conversation_prefix, thread_request, upstream_thread_request
 from twisted_relay.translation import RequestTranslation, UpstreamRules, translate_request
@@ -261,13 +262,14 @@ class Prepared:
 
 
 def prepare(body: dict, raw: bytes, model: str | None, rules: UpstreamRules, thread: ThreadForm | None,
-            drop_blocks: bool, repairs_shown: int = 0) -> Prepared:
+            drop_blocks: bool, repairs_shown: int = 0, form: BodyForm | None = None) -> Prepared:
     """
     What one attempt sends for ``body`` (parsed from ``raw``): ``model`` in
     place of the body's own (``None``: the body's), its ids translated for
     ``rules``, in the form ``thread`` says (``None``: the whole request), with
-    ``drop_block`` when ``drop_blocks`` and the body may take it; serialised.
-    ``body`` is never changed.
+    ``drop_block`` when ``drop_blocks`` and the body may take it, with the
+    wire's edits (``form``, :class:`~twisted_relay.wires.BodyForm`);
+    serialised. ``body`` is never changed.
 
     :param repairs_shown: how many repaired duplicates to give (0: none
         counted either).
@@ -288,7 +290,10 @@ def prepare(body: dict, raw: bytes, model: str | None, rules: UpstreamRules, thr
         # Its history still holds what broke a block's prefix: the setting
         # goes with every later request, as the API asks.
         sent, data, can_drop = dropping_blocks(sent), None, False
-    if data is None:
+    if form:
+        # The wire's edits come last: what the upstream's platform takes.
+        data = form.wrap(to_json(form.apply(sent)))
+    elif data is None:
         data = to_json(sent)
     repairs, count = [], 0
     if repairs_shown:
@@ -314,7 +319,7 @@ def read_in_worker(raw: bytes) -> BodyFacts | tuple[int, str]:
 
 
 def prepare_in_worker(raw: bytes, model: str | None, rules: tuple, thread: ThreadForm | None, drop_blocks: bool,
-                      repairs_shown: int, part_size: int) -> tuple:
+                      repairs_shown: int, part_size: int, form: tuple | None = None) -> tuple:
     """
     :func:`prepare` in a worker, on a body :func:`read_in_worker` read.
     ``rules`` is :meth:`~twisted_relay.translation.UpstreamRules.to_dict`'s
@@ -324,7 +329,8 @@ def prepare_in_worker(raw: bytes, model: str | None, rules: tuple, thread: Threa
     take ``drop_block``, and whether it has it.
     """
     with collector_paused():
-        prepared = prepare(ujson.loads(raw), raw, model, _rules(rules), thread, drop_blocks, repairs_shown)
+        prepared = prepare(ujson.loads(raw), raw, model, _rules(rules), thread, drop_blocks, repairs_shown,
+                           None if form is None else BodyForm(*form))
         head, parts = prepared.translation.parts(part_size)
         pickled = [pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL) for part in parts]
         body = None if prepared.body is raw else prepared.body

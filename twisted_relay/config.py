@@ -34,8 +34,10 @@ __all__ = [
     "RelayKey",
     "Route",
     "Target",
+    "LoginSpec",
     "Upstream",
     "default_bodies_in_flight",
+    "cloud_base_url",
     "every_upstream_route",
     "id_pattern_setting",
     "one_upstream",
@@ -80,6 +82,25 @@ class Upstream:
         its own); empty when no key names one. A conversation that must
         leave its key goes to a key of the same account first
         (:mod:`twisted_relay.affinity`).
+    :ivar wire: how requests are sent to it and answers read back
+        (:mod:`twisted_relay.wires`): ``anthropic`` (Anthropic's API and
+        every surface that speaks it: Foundry, Claude Platform on AWS),
+        ``bedrock`` (Amazon Bedrock's InvokeModel), ``vertex`` (Google
+        Vertex AI's rawPredict).
+    :ivar login: how the relay proves who it is to it
+        (:class:`LoginSpec`; :mod:`twisted_relay.logins`); ``None``: the
+        key pool (:attr:`keys`) as ``x-api-key``, or the client's own.
+    :ivar region: the cloud region (Bedrock: for SigV4; Vertex: the
+        location, ``global``, ``us``, ``eu`` or a region).
+    :ivar project: the Google Cloud project (Vertex).
+    :ivar models: the model a client asks for -> the platform's id for it
+        (a Bedrock id, inference profile or ARN; a Vertex model; a Foundry
+        deployment); a model not listed goes by its own name.
+    :ivar service_tier: Bedrock's ``X-Amzn-Bedrock-Service-Tier``.
+    :ivar anthropic_version: the body's ``anthropic_version`` on a cloud
+        wire (``None``: the platform's).
+    :ivar headers: headers sent with every request to it
+        (``anthropic-workspace-id`` for Claude Platform on AWS).
     """
 
     name: str
@@ -94,6 +115,21 @@ class Upstream:
     id_pattern: str | None = DEFAULT_ID_PATTERN
     own_ids: str | None = None
     accounts: tuple[str | None, ...] = ()
+    wire: str = "anthropic"
+    login: LoginSpec | None = None
+    region: str | None = None
+    project: str | None = None
+    models: tuple[tuple[str, str], ...] = ()
+    service_tier: str | None = None
+    anthropic_version: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def platform_model(self, model: str | None) -> str | None:
+        """The platform's id for ``model`` (:attr:`models`), or ``model`` itself."""
+        for asked, platform in self.models:
+            if asked == model:
+                return platform
+        return model
 
     def account_of(self, index: int) -> str | None:
         """The account key ``index`` (0-based) names, if it names one."""
@@ -104,6 +140,33 @@ class Upstream:
             "%s=%r" % (f.name, getattr(self, f.name)) for f in fields(self) if f.repr
         )
         return "Upstream(%s, keys=<%d>)" % (shown, len(self.keys))
+
+
+@dataclass(frozen=True)
+class LoginSpec:
+    """
+    How the relay logs in to an upstream (:mod:`twisted_relay.logins`).
+
+    :ivar kind: ``aws`` (SigV4 from the AWS credential chain or given keys),
+        ``bedrock-api-key`` (a Bedrock API key as a bearer token),
+        ``google`` (a service-account file or Application Default
+        Credentials), ``azure`` (an Entra ID token), ``key`` (the key pool
+        in headers of the upstream's choosing: ``api-key`` and ``x-api-key``
+        for Foundry).
+    :ivar options: the login's settings by name (a profile, a file, the
+        names of environment variables holding secrets): never a secret
+        itself, and never shown by ``repr`` all the same.
+    """
+
+    kind: str
+    options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    def option(self, name: str, default: str | None = None) -> str | None:
+        """The option ``name``, or ``default``."""
+        for key, value in self.options:
+            if key == name:
+                return value
+        return default
 
 
 @dataclass(frozen=True)
@@ -164,6 +227,27 @@ def one_upstream(
     """
     keys = (key,) if key else ()
     return (Upstream(DEFAULT_UPSTREAM_NAME, url, keys, ids, id_pattern=id_pattern, own_ids=own_ids),)
+
+
+def cloud_base_url(wire: str, region: str | None) -> str | None:
+    """
+    The base URL of a cloud wire's region, for an upstream whose file gives
+    none: Bedrock's runtime endpoint of the region; for Vertex, ``global``
+    -> ``https://aiplatform.googleapis.com``, the multi-regions ``us`` and
+    ``eu`` -> ``https://aiplatform.us.rep.googleapis.com``, a region ->
+    ``https://{region}-aiplatform.googleapis.com`` (there is no
+    ``global-aiplatform`` host). ``None`` for other wires.
+    """
+    if wire == "bedrock" and region:
+        return "https://bedrock-runtime.%s.amazonaws.com" % (region,)
+    if wire == "vertex":
+        location = region or "global"
+        if location == "global":
+            return "https://aiplatform.googleapis.com"
+        if location in ("us", "eu"):
+            return "https://aiplatform.%s.rep.googleapis.com" % (location,)
+        return "https://%s-aiplatform.googleapis.com" % (location,)
+    return None
 
 
 def every_upstream_route(upstreams: tuple[Upstream, ...]) -> tuple[Route]:

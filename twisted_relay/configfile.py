@@ -29,6 +29,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 from twisted_relay.config import (
     DEFAULT_UPSTREAM_NAME,
+    LoginSpec,
+    cloud_base_url,
     Route,
     Target,
     Upstream,
@@ -71,7 +73,20 @@ _UPSTREAM_KEYS = (
     "threads",
     "id-pattern",
     "own-ids",
+    "wire",
+    "login",
+    "region",
+    "project",
+    "models",
+    "service-tier",
+    "anthropic-version",
+    "headers",
 )
+_WIRES = ("anthropic", "bedrock", "vertex")
+_LOGINS = ("aws", "bedrock-api-key", "google", "azure", "key")
+_SERVICE_TIERS = ("default", "priority", "flex", "reserved")
+_REGION = re.compile(r"^[a-z0-9-]{2,32}$")
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 _ROUTE_KEYS = ("models", "targets", "thinking", "images", "body-over")
 _TARGET_KEYS = ("upstream", "model")
 _TABLES = ("relay", "upstreams", "routes", "relay-keys", "prices")
@@ -289,8 +304,13 @@ def _upstream_tables(path, tables, environ, folder) -> tuple[Upstream, ...]:
                 "%s: upstreams.%s must be a table, [upstreams.%s]" % (path, _shown_name(name), _shown_name(name))
             )
         where.only(table, _UPSTREAM_KEYS)
+        cloud = _cloud_settings(where, table)
         if "url" not in table:
-            raise where.error("url", "missing: every upstream needs its base URL")
+            url = cloud_base_url(cloud["wire"], cloud["region"])
+            if url is None:
+                raise where.error("url", "missing: every upstream needs its base URL (a bedrock or vertex wire: "
+                                         "or its region)")
+            table = {**table, "url": url}
         ids = _policy(where, table.get("ids", "unique"))
         id_pattern, own_ids = _id_rules(where, name, ids, table)
         keys, accounts = _keys(where, table.get("keys"), environ, folder)
@@ -308,9 +328,67 @@ def _upstream_tables(path, tables, environ, folder) -> tuple[Upstream, ...]:
                 threads=_threads(where, table.get("threads")),
                 id_pattern=id_pattern,
                 own_ids=own_ids,
+                **cloud,
             )
         )
     return tuple(upstreams)
+
+
+def _cloud_settings(where: _Table, table: dict) -> dict:
+    """An upstream's wire, login and cloud settings (``docs/clouds.md``), as :class:`Upstream`'s fields."""
+    wire = table.get("wire", "anthropic")
+    if wire not in _WIRES:
+        raise where.error("wire", "must be one of %s" % (", ".join(_WIRES),))
+    settings: dict = {"wire": wire}
+    for key, field_name in (("region", "region"), ("project", "project"),
+                            ("anthropic-version", "anthropic_version")):
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip() or not value.isprintable()):
+            raise where.error(key, "must be a string that is not empty")
+        settings[field_name] = value
+    if settings["region"] is not None and not _REGION.match(settings["region"]):
+        raise where.error("region", "must be a cloud region such as us-east-1, global or us")
+    if wire == "bedrock" and settings["region"] is None:
+        raise where.error("region", "missing: a bedrock wire signs for one region")
+    if wire == "vertex" and settings["project"] is None:
+        raise where.error("project", "missing: a vertex wire needs its Google Cloud project")
+    tier = table.get("service-tier")
+    if tier is not None and tier not in _SERVICE_TIERS:
+        raise where.error("service-tier", "must be one of %s" % (", ".join(_SERVICE_TIERS),))
+    settings["service_tier"] = tier
+    settings["models"] = _string_pairs(where, "models", table.get("models"), None)
+    settings["headers"] = _string_pairs(where, "headers", table.get("headers"), _HEADER_NAME)
+    settings["login"] = _login(where, table.get("login"))
+    return settings
+
+
+def _string_pairs(where: _Table, key: str, value, names) -> tuple[tuple[str, str], ...]:
+    """A table of strings to strings (``models``, ``headers``), in file order."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not all(isinstance(v, str) and v.isprintable() for v in value.values()):
+        raise where.error(key, 'must be a table of strings, such as { "NAME" = "VALUE" }')
+    if names is not None:
+        for name in value:
+            if not names.match(name):
+                raise where.error(key, "%s is not a header name" % (_shown_name(name),))
+    return tuple(value.items())
+
+
+def _login(where: _Table, value) -> LoginSpec | None:
+    """``login = { kind = "...", ... }``: never a secret itself (``env:VAR`` and ``file:PATH`` name them)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("kind") not in _LOGINS:
+        raise where.error("login", 'must be a table such as { kind = "aws" } (kinds: %s)' % (", ".join(_LOGINS),))
+    options = []
+    for name, option in value.items():
+        if name == "kind":
+            continue
+        if not isinstance(option, str) or not option.isprintable():
+            raise where.error("login " + _shown_name(name), "must be a string")
+        options.append((name, option))
+    return LoginSpec(value["kind"], tuple(options))
 
 
 def _url(where: _Table, value) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from twisted_relay._json import to_json
 from twisted_relay.config import RelayConfig
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "model_body", "model_list_body", "routed_model_ids"]
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "model_body", "model_list_body", "routed_model_ids", "wire_model_ids"]
 
 #: The page size when a client gives no ``limit`` (the API's default).
 DEFAULT_LIMIT = 20
@@ -43,6 +43,21 @@ def routed_model_ids(config: RelayConfig) -> tuple[str, ...] | None:
     for route in config.routes:
         ids.extend(name for name in route.models if not _GLOB_CHARACTERS & set(name))
     return tuple(dict.fromkeys(ids)) or None
+
+
+def wire_model_ids(config: RelayConfig, route) -> tuple[str, ...] | None:
+    """
+    The model ids the relay lists itself when ``route`` (the one that
+    answers ``GET /v1/models``) sends it first to an upstream whose wire has
+    no Models API (Bedrock, Vertex): the models every such upstream's model
+    map names, in file order (``()`` when none names one); ``None`` when the
+    upstream lists its own.
+    """
+    first = config.upstream_named(route.targets[0].upstream)
+    if first.wire == "anthropic":
+        return None
+    ids = [asked for upstream in config.upstreams if upstream.wire != "anthropic" for asked, _ in upstream.models]
+    return tuple(dict.fromkeys(ids))
 
 
 def _model(model_id: str) -> dict:

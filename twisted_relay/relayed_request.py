@@ -45,7 +45,7 @@ from twisted_relay.errors import RelayError, capability_rejected
 from twisted_relay.logs import bounded
 from twisted_relay.message_threads.turns import ThreadKeeper, credential_of, owner_of
 from twisted_relay.metrics import RelayMetrics
-from twisted_relay.model_list import model_body, model_list_body, routed_model_ids
+from twisted_relay.model_list import model_body, model_list_body, routed_model_ids, wire_model_ids
 from twisted_relay.spend_limits import refusal, standing_headers
 from twisted_relay.routing import NoRoute, RequestFacts, RetryRule, Router, route_matches
 from twisted_relay.upstream import UpstreamClients, path_escapes
@@ -297,12 +297,15 @@ class RelayedRequest:
                 self.requested_model = facts.model
             else:
                 listed = routed_model_ids(context.router.config)
-                if listed is not None:
-                    return self._model_list(listed)
                 if self.model_id is not None:
                     plan = context.router.plan_for(RequestFacts.for_model(self.model_id))
                 else:
                     plan = context.router.plan_for_listing()
+                if listed is None and not isinstance(plan, NoRoute):
+                    # A cloud's wire has no Models API: the relay lists its model map.
+                    listed = wire_model_ids(context.router.config, plan.route)
+                if listed is not None:
+                    return self._model_list(listed)
             if isinstance(plan, NoRoute):
                 raise _no_route_error(context.router, plan, facts, None if body is None else body.head)
             if self.spend_headers is not None and facts is not None:

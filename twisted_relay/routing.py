@@ -605,7 +605,8 @@ class Plan:
         upstream = self._router.settings[self._target.upstream]
         attempt = Attempt(
             upstream=upstream,
-            model=self._target.model or self._model,
+            model=upstream.platform_model(self._target.model or self._model) if upstream.models
+            else self._target.model or self._model,
             key_index=key_index,
             key=None if key_index is None else upstream.keys[key_index],
             resting=resting,

@@ -28,6 +28,7 @@ from treq.client import HTTPClient
 from twisted_relay import _twisted
 from twisted_relay.chunked import CoalescingChunkedDecoder
 from twisted_relay.errors import RelayError
+from twisted_relay.logins import LoginThreads, login_for
 from twisted_relay.upstream_agent import (
     BytesProducer,
     NoCookies,
@@ -36,6 +37,7 @@ from twisted_relay.upstream_agent import (
     UpstreamEndpoints,
     UpstreamTimer,
 )
+from twisted_relay.wires import wire_for
 
 __all__ = [
     "display_url",
@@ -171,8 +173,16 @@ class UpstreamClient:
         response_timeout: float = 600.0,
         max_connections: int = 1024,
         endpoint_factory=None,
+        wire=None,
+        login=None,
     ):
         self._reactor = reactor
+        #: How requests are sent to this upstream and answers read back
+        #: (:class:`~twisted_relay.wires.Wire`); ``None``: Anthropic's own.
+        self.wire = wire
+        #: How the relay logs in to it (:class:`~twisted_relay.logins.Login`);
+        #: ``None``: a key in ``x-api-key``, or the client's own.
+        self.login = login
         self.base_url = base_url
         self.response_timeout = response_timeout
         self._pool = _twisted.connection_pool(reactor, CoalescingChunkedDecoder)
@@ -213,6 +223,10 @@ class UpstreamClient:
                 )
             self._checked = True
         return self._base_url + path_and_query
+
+    def wire_url(self, path_and_query: str) -> str:
+        """The upstream URL for ``path_and_query`` exactly as it goes on the wire (what a signature covers)."""
+        return self._prepared_url(path_and_query).uri_text
 
     def _prepared_url(self, path_and_query: str) -> PreparedURL:
         """The upstream URL for ``path_and_query`` as a URI, made once per path."""
@@ -297,6 +311,8 @@ class UpstreamClient:
         upstream): its idle connections close now, and those of requests in
         flight when their answers end. Fires when the idle ones are closed.
         """
+        if self.login is not None:
+            self.login.stop()
         return _twisted.retire_pool(self._pool)
 
 
@@ -439,8 +455,10 @@ class UpstreamClients:
         simulated upstream's): its client starts without one.
     """
 
-    def __init__(self, reactor, config, *, endpoint_factory=None, simulated: str | None = None, _kept=None):
+    def __init__(self, reactor, config, *, endpoint_factory=None, simulated: str | None = None, _kept=None,
+                 login_threads=None):
         self._reactor = reactor
+        self._login_threads = login_threads if login_threads is not None else LoginThreads(reactor)
         self._endpoint_factory = endpoint_factory
         self._simulated = simulated
         self._clients: dict[str, UpstreamClient] = {}
@@ -452,7 +470,7 @@ class UpstreamClients:
             if old is not None and old[0] == settings:
                 self._clients[upstream.name] = old[1]
             else:
-                url, connect_timeout, response_timeout, max_connections = settings
+                url, connect_timeout, response_timeout, max_connections = settings[:4]
                 self._clients[upstream.name] = UpstreamClient(
                     reactor,
                     None if upstream.name == simulated else url,
@@ -460,6 +478,8 @@ class UpstreamClients:
                     response_timeout=response_timeout,
                     max_connections=max_connections,
                     endpoint_factory=endpoint_factory,
+                    wire=wire_for(upstream, reactor),
+                    login=login_for(upstream, reactor, self._login_threads),
                 )
             self._settings[upstream.name] = settings
 
@@ -482,15 +502,38 @@ class UpstreamClients:
         """
         kept = {name: (self._settings[name], client) for name, client in self._clients.items()}
         following = UpstreamClients(
-            self._reactor, config, endpoint_factory=self._endpoint_factory, simulated=self._simulated, _kept=kept
+            self._reactor, config, endpoint_factory=self._endpoint_factory, simulated=self._simulated, _kept=kept,
+            login_threads=self._login_threads,
         )
         used = {id(client) for _, client in following.items()}
         return following, [c for c in self._clients.values() if id(c) not in used]
 
+    def start_logins(self) -> Deferred:
+        """
+        Get every upstream's first credentials (at start, before the relay
+        listens; after a reload, for the upstreams it made anew). Fails with
+        the first :class:`~twisted_relay.logins.LoginError`.
+        """
+        started = [client.login.start() for client in self._clients.values() if client.login is not None]
+        return DeferredList(started, fireOnOneErrback=True, consumeErrors=True).addErrback(_first_failure)
+
     def close(self) -> Deferred:
-        """Close every pool's connections; fires when they are closed."""
+        """Close every pool's connections and stop refreshing logins; fires when the connections are closed."""
+        for client in self._clients.values():
+            if client.login is not None:
+                client.login.stop()
+        self._login_threads.stop()
         return DeferredList([client.close() for client in self._clients.values()], consumeErrors=True)
 
 
+def _first_failure(failure):
+    """The failure inside a ``DeferredList``'s ``FirstError``."""
+    return failure.value.subFailure
+
+
 def _client_settings(upstream) -> tuple:
-    return (upstream.url, upstream.connect_timeout, upstream.response_timeout, upstream.max_connections)
+    return (
+        upstream.url, upstream.connect_timeout, upstream.response_timeout, upstream.max_connections,
+        upstream.wire, upstream.login, upstream.region, upstream.project, upstream.models,
+        upstream.service_tier, upstream.anthropic_version, upstream.headers,
+    )

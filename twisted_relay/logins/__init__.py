@@ -13,4 +13,29 @@ from twisted_relay.logins.base import (
     LoginThreads,
 )
 
-__all__ = ["DEFAULT_MARGIN", "Credentials", "CredentialSource", "Login", "LoginError", "LoginThreads"]
+__all__ = [
+    "DEFAULT_MARGIN",
+    "LOGINS",
+    "Credentials",
+    "CredentialSource",
+    "Login",
+    "LoginError",
+    "LoginThreads",
+    "login_for",
+]
+
+
+#: The logins an upstream may name (``login = { kind = "..." }``).
+LOGINS = ("aws", "bedrock-api-key", "google", "azure", "key")
+
+
+def login_for(upstream, reactor, threads: LoginThreads) -> Login | None:
+    """
+    The :class:`Login` of ``upstream`` (its ``login`` setting), not started;
+    ``None`` when it has none (its key pool goes in ``x-api-key``, or the
+    client's own credentials pass).
+    """
+    spec = upstream.login
+    if spec is None:
+        return None
+    raise LoginError("upstream %s: unknown login %r (known: %s)" % (upstream.name, spec.kind, ", ".join(LOGINS)))
