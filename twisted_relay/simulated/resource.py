@@ -56,7 +56,7 @@ from twisted_relay.simulated.thinking import DEFAULT_SECRET
 from twisted_relay.simulated.today import APIS, TodayRules, fallback_model_of, family_of, rare_answer
 from twisted_relay.simulated.usage import PromptCache, UsageTally, delta_usage, start_usage
 
-__all__ = ["MAX_BODY", "ReceivedRequest", "SimulatedUpstream", "get_model", "list_models"]
+__all__ = ["MAX_BODY", "PacedWriter", "ReceivedRequest", "SimulatedUpstream", "StreamPlan", "get_model", "list_models"]
 
 #: Anthropic's request body limit.
 MAX_BODY = 32 * 1024 * 1024
@@ -623,7 +623,7 @@ class _SimulatedResource(Resource):
     ) -> int:
         request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
         request.setHeader(b"cache-control", b"no-cache")
-        writer = _PacedWriter(request, plan.pieces, self._upstream.reactor, drop=plan.drop)
+        writer = PacedWriter(request, plan.pieces, self._upstream.reactor, drop=plan.drop)
         tally = self._upstream.reported
 
         def ended(whole: bool) -> None:
@@ -660,7 +660,7 @@ def _parse(raw: bytes) -> Any:
 
 
 @implementer(IPushProducer)
-class _PacedWriter:
+class PacedWriter:
     """
     Writes a stream's pieces on the clock, each once it is due, pausing when
     the connection pushes back and stopping when the client goes away.
