@@ -51,11 +51,22 @@ setup(
         "redis": ["txredisapi>=1.6"],
         # --usage-db postgresql://...: the usage ledger in PostgreSQL (psycopg 3).
         "postgres": ["psycopg[binary]>=3.2"],
+        # The Google login (Claude on Vertex AI): google-auth and its requests
+        # transport. Tested from google-auth 2.23.4 (older ones pin urllib3<2)
+        # and requests 2.31.
+        "gcp": ["google-auth>=2.23.4", "requests>=2.31"],
         "test": [
             "hypothesis>=6.90",
-            "anthropic>=2.16",  # its message threads (tests of twisted_relay.message_threads.model)
+            # its message threads (tests of twisted_relay.message_threads.model);
+            # [vertex]: AnthropicVertex, the oracle of the simulated Vertex.
+            "anthropic[vertex]>=2.16",
             "txredisapi>=1.6",
             "psycopg[binary]>=3.2",
+            "google-auth>=2.23.4",
+            "requests>=2.31",
+            # the simulated token endpoint's test service-account keys
+            # (Twisted's [tls] extra brings it too).
+            "cryptography>=41",
         ],
     },
     entry_points={

@@ -241,11 +241,12 @@ class SDKTests(_NeedsGoogle, TestCase):
             client = self.client(base)
             stranger = self.client(base, access_token="ya29.made-up")
             found = []
+            hello = [{"role": "user", "content": "x"}]
             calls = [
-                lambda: client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}],
+                lambda: client.messages.create(model=MODEL, max_tokens=10, messages=hello,
                                                extra_headers={"anthropic-beta": "prompt-caching-scope-2026-01-05"}),
-                lambda: client.beta.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "x"}]),
-                lambda: stranger.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}]),
+                lambda: client.beta.messages.count_tokens(model=MODEL, messages=hello),
+                lambda: stranger.messages.create(model=MODEL, max_tokens=10, messages=hello),
             ]
             try:
                 for call in calls:

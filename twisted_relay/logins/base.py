@@ -162,7 +162,7 @@ class CredentialSource:
         self._pending = None
         message = "%s: %s" % (self.describe, _one_line(failure))
         if self._current is not None:
-            self.log.warn("Refreshing {source} failed: {message}", source=self.describe, message=message)
+            self.log.warn("Refreshing {source} failed: {reason}", source=self.describe, reason=message)
             self._schedule_in(RETRY_DELAY)
         waiting, self._waiting = self._waiting, []
         for waiter in waiting:

@@ -84,48 +84,53 @@ class _GoogleFetch:
         self._timeout = timeout
         self._credentials: Any = None
         self._project: str | None = None
-        self._request: Any = None
 
     def __call__(self) -> Credentials:
         from google.auth.exceptions import GoogleAuthError
 
+        # A connection per fetch (one an hour), closed after it: none is left
+        # open between refreshes.
+        request = _timed_request(self._timeout)
         try:
             if self._credentials is None:
-                self._load()
-            self._credentials.refresh(self._request)
+                self._load(request)
+            self._credentials.refresh(request)
         except GoogleAuthError as failure:
             # One line of google-auth's words, never what it carried along
             # (a RefreshError's second argument is the endpoint's answer).
             raise LoginError(_first_line(failure)) from None
         except Exception as failure:
             raise LoginError("%s: %s" % (type(failure).__name__, _first_line(failure))) from None
+        finally:
+            request.session.close()
         credentials = self._credentials
         if not credentials.token:
             raise LoginError("google-auth refreshed the credentials but gave no token")
         token = GoogleToken(credentials.token, getattr(credentials, "quota_project_id", None), self._project)
         return Credentials(token, _unix_time(credentials.expiry))
 
-    def _load(self) -> None:
+    def _load(self, request: Any) -> None:
         import google.auth
 
-        self._request = _timed_request(self._timeout)
         if self._file is not None:
             credentials, project = google.auth.load_credentials_from_file(self._file, scopes=self._scopes)
         else:
-            credentials, project = google.auth.default(scopes=self._scopes, request=self._request)
+            credentials, project = google.auth.default(scopes=self._scopes, request=request)
         self._credentials, self._project = credentials, project
 
 
 def _timed_request(timeout: float) -> Any:
-    """google-auth's requests transport, each call bounded by ``timeout``
-    unless the caller bounds it (the metadata server's probes do)."""
+    """google-auth's requests transport on a session of its own, each call
+    bounded by ``timeout`` unless the caller bounds it (the metadata
+    server's probes do)."""
+    import requests
     from google.auth.transport.requests import Request
 
     class TimedRequest(Request):
         def __call__(self, url, method="GET", body=None, headers=None, timeout=timeout, **kwargs):
             return super().__call__(url, method=method, body=body, headers=headers, timeout=timeout, **kwargs)
 
-    return TimedRequest()
+    return TimedRequest(requests.Session())
 
 
 def _first_line(failure: Exception) -> str:

@@ -48,6 +48,7 @@ __all__ = [
     "GrantRefused",
     "IssuedToken",
     "ServiceAccount",
+    "headers_of",
     "SimulatedGoogleTokens",
     "make_service_account",
 ]

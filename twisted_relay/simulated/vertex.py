@@ -56,6 +56,7 @@ from twisted_relay.simulated.today import FALLBACK_BETA, FAMILIES
 __all__ = [
     "ANTHROPIC_VERSIONS",
     "ERROR_ARRAYS",
+    "GoogleError",
     "LOCATIONS",
     "MULTI_REGIONS",
     "VERTEX_BETAS",
@@ -308,7 +309,8 @@ class SimulatedVertex:
         served = location in self.locations and publisher == "anthropic"
         if model is not None:
             # Newer models are served by the global and multi-region endpoints only.
-            served = served and model in self.models and (location in MULTI_REGIONS or _base_model(model) not in FAMILIES)
+            regional = location not in MULTI_REGIONS and _base_model(model) in FAMILIES
+            served = served and model in self.models and not regional
         if not served:
             raise _not_found(project, location, publisher, model or "count-tokens")
 
