@@ -51,9 +51,14 @@ setup(
         "redis": ["txredisapi>=1.6"],
         # --usage-db postgresql://...: the usage ledger in PostgreSQL (psycopg 3).
         "postgres": ["psycopg[binary]>=3.2"],
+        # Amazon Bedrock: SigV4 (the simulated Bedrock checks signatures with it too).
+        "aws": ["botocore>=1.31.57"],
         "test": [
             "hypothesis>=6.90",
-            "anthropic>=2.16",  # its message threads (tests of twisted_relay.message_threads.model)
+            # its message threads (tests of twisted_relay.message_threads.model); [bedrock]:
+            # AnthropicBedrock signs with boto3/botocore (tests of the simulated Bedrock)
+            "anthropic[bedrock]>=2.16",
+            "boto3>=1.28.57",  # the bedrock-runtime client (InvokeModel, CountTokens)
             "txredisapi>=1.6",
             "psycopg[binary]>=3.2",
         ],
