@@ -8,7 +8,6 @@ check and switch in memory (StubTreq, a Clock), requests signed by botocore.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import time
 from typing import Any
@@ -630,7 +629,3 @@ class FaultTests(SynchronousTestCase):
         bedrock.stub.flush()
         _result(done)
         self.assertEqual(chunk_events(decode_stream(b"".join(pieces)))[-1]["type"], "message_stop")
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -18,6 +18,8 @@ silences.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 import uuid
 from collections import deque
@@ -261,9 +263,6 @@ def _call_model(call: Callable[[], Any]) -> Any:
 
 def _count_input(body: Any) -> Any:
     """The InvokeModel body inside a CountTokens request."""
-    import base64
-    import binascii
-
     invoke = body.get("input") if isinstance(body, dict) else None
     invoke = invoke.get("invokeModel") if isinstance(invoke, dict) else None
     encoded = invoke.get("body") if isinstance(invoke, dict) else None
