@@ -55,11 +55,15 @@ setup(
         # transport. Tested from google-auth 2.23.4 (older ones pin urllib3<2)
         # and requests 2.31.
         "gcp": ["google-auth>=2.23.4", "requests>=2.31"],
+        # Amazon Bedrock: SigV4 (the simulated Bedrock checks signatures with it too).
+        "aws": ["botocore>=1.31.57"],
         "test": [
             "hypothesis>=6.90",
             # its message threads (tests of twisted_relay.message_threads.model);
-            # [vertex]: AnthropicVertex, the oracle of the simulated Vertex.
-            "anthropic[vertex]>=2.16",
+            # [bedrock]: AnthropicBedrock signs with boto3/botocore; [vertex]:
+            # AnthropicVertex; the oracles of the simulated clouds.
+            "anthropic[bedrock,vertex]>=2.16",
+            "boto3>=1.28.57",  # the bedrock-runtime client (InvokeModel, CountTokens)
             "txredisapi>=1.6",
             "psycopg[binary]>=3.2",
             "google-auth>=2.23.4",

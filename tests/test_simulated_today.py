@@ -74,7 +74,28 @@ class FamilyTests(SynchronousTestCase):
         self.assertEqual(family_of("claude-opus-5-5-20261101").name, "opus-5.5")
         self.assertIsNone(family_of("claude-sonnet-4-5-20250929"))
         self.assertIsNone(family_of(None))
-        self.assertEqual(len(FAMILIES), 7)
+        self.assertEqual(family_of("claude-opus-4-6").name, "opus-4.6")
+        self.assertEqual(len(FAMILIES), 9)
+
+    def test_opus_4_6_thinks_when_asked(self) -> None:
+        """Opus 4.6 (the clouds' InvokeModel and rawPredict serve it) thinks
+        adaptively or manually when the request asks, summarized by default,
+        and not at all when the request has no ``thinking``."""
+        up = _Upstream()
+        messages = [{"role": "user", "content": "hi"}]
+        _, plain = up.post(_body(messages, "claude-opus-4-6"))
+        self.assertNotEqual(plain["content"][0]["type"], "thinking")
+        for thinking in ({"type": "adaptive"}, {"type": "enabled", "budget_tokens": 2048}):
+            _, answer = up.post(_body(messages, "claude-opus-4-6", thinking=thinking))
+            self.assertEqual(answer["content"][0]["type"], "thinking", thinking)
+            self.assertTrue(answer["content"][0]["thinking"])
+            self.assertGreater(answer["usage"]["output_tokens_details"]["thinking_tokens"], 0)
+        response, error = up.post(_body(messages, "claude-opus-4-6", thinking={"type": "enabled"}))
+        self.assertEqual((response.code, error["error"]["message"]),
+                         (400, "thinking.enabled.budget_tokens: Field required"))
+        messages, body = converse(up, 4, "claude-opus-4-6", thinking={"type": "adaptive"})
+        response, _ = up.post(body)
+        self.assertEqual(response.code, 200)
 
     def test_adaptive_by_default(self) -> None:
         """Without ``thinking``, today's models answer with a signed thinking block

@@ -36,7 +36,7 @@ from twisted_relay.simulated.base import (
     seeded_rng,
 )
 from twisted_relay.simulated.stream import LINE_ENDINGS, encode_events, message_events, plan_chunks
-from twisted_relay.simulated.system_messages import callable_tools
+from twisted_relay.simulated.system_messages import callable_tools, prompt_tools
 
 __all__ = [
     "ID_STYLES",
@@ -590,7 +590,7 @@ def count_tokens(body: Any) -> int:
     """The input-token count the fake model reports for ``body``."""
     if not isinstance(body, dict):
         return 1
-    return _estimate_tokens([body.get("system"), body.get("tools"), body.get("messages")])
+    return _estimate_tokens([body.get("system"), prompt_tools(body), body.get("messages")])
 
 
 def _tool_choice_allows_tools(body: dict) -> bool:

@@ -399,6 +399,30 @@ class SimulatedUpstream:
         """
         return self.stream_plan(message, cut=cut, request_id=request_id).pieces
 
+    def _reports(self, message: dict) -> tuple[dict, dict]:
+        """The usage a stream of ``message`` reports in ``message_start``, then in ``message_delta``."""
+        today = self.api != "2025"
+        return start_usage(message["usage"], today), delta_usage(message["usage"], today)
+
+    def stream_events(
+        self, message: dict, *, cut: bool = False, request_id: str | None = None
+    ) -> list[tuple[str, dict]]:
+        """
+        The Anthropic events that stream ``message``, as ``(name, data)``:
+        its usage reported as the API reports it in a stream, its deltas cut
+        where the answer's content (year-old API: its id) says.
+
+        :param cut: end after the first block with an ``error`` event
+            (``overloaded_error``) carrying ``request_id``.
+        """
+        key = message["id"] if self.api == "2025" else message["content"]
+        events = message_events(message, seeded_rng(self.options.seed, "deltas", key), self._reports(message))
+        if cut:
+            first_stop = next(i for i, (name, _) in enumerate(events) if name == "content_block_stop")
+            error = error_body("overloaded_error", "Overloaded", request_id or _request_id())
+            events = [*events[: first_stop + 1], ("error", ujson.loads(error))]
+        return events
+
     def stream_plan(
         self, message: dict, *, cut: bool = False, drop: bool = False, request_id: str | None = None
     ) -> "StreamPlan":
@@ -410,14 +434,8 @@ class SimulatedUpstream:
         """
         seed = self.options.seed
         key = message["id"] if self.api == "2025" else message["content"]
-        usage = message["usage"]
-        today = self.api != "2025"
-        reports = (start_usage(usage, today), delta_usage(usage, today))
-        events = message_events(message, seeded_rng(seed, "deltas", key), reports)
-        if cut:
-            first_stop = next(i for i, (name, _) in enumerate(events) if name == "content_block_stop")
-            error = error_body("overloaded_error", "Overloaded", request_id or _request_id())
-            events = [*events[: first_stop + 1], ("error", ujson.loads(error))]
+        reports = self._reports(message)
+        events = self.stream_events(message, cut=cut, request_id=request_id)
         data, starts = encode_events(events, self.line_ending)
         ends = [*starts[1:], len(data)]
         # What the bytes up to the end of each usage event report.

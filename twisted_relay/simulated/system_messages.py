@@ -30,6 +30,7 @@ __all__ = [
     "callable_tools",
     "check_system_messages",
     "names_loaded",
+    "prompt_tools",
 ]
 
 #: The beta value for ``tool_addition``/``tool_removal`` by reference.
@@ -92,6 +93,19 @@ def names_loaded(value: Any) -> list[str]:
         if key != "input" and isinstance(item, (dict, list)):
             names.extend(names_loaded(item))
     return names
+
+
+def prompt_tools(body: dict) -> Any:
+    """``tools`` as the model reads them: a ``defer_loading`` tool only once a
+    message uses or loads it (tool search keeps the rest out of the prompt,
+    and out of the input tokens)."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not any(isinstance(tool, dict) and tool.get("defer_loading") is True
+                                              for tool in tools):
+        return tools
+    loaded = {name for message in messages_of(body) for block in blocks_of(message) for name in names_loaded(block)}
+    return [tool for tool in tools
+            if not (isinstance(tool, dict) and tool.get("defer_loading") is True and tool.get("name") not in loaded)]
 
 
 def callable_tools(body: dict) -> list[dict]:

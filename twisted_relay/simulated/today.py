@@ -89,6 +89,9 @@ class Family:
     :ivar reads: the families whose thinking it reads (``"legacy"``: models
         of the year-old API).
     :ivar effort: its default ``output_config.effort``.
+    :ivar omitted: how it thinks when the request has no ``thinking``
+        (``"adaptive"``, or ``"disabled"`` for the 4.6 models).
+    :ivar display: its default ``thinking.display``.
     """
 
     name: str
@@ -98,6 +101,8 @@ class Family:
     account_bound: bool
     reads: frozenset
     effort: str
+    omitted: str = "adaptive"
+    display: str = "omitted"
 
 
 _FIRST = frozenset({"fable-5.1", "mythos-5.1", "opus-5.5", "legacy"})
@@ -116,6 +121,13 @@ FAMILIES = {
                                 frozenset({"sonnet-5.5", "legacy"}), "high"),
     "claude-haiku-5-5": Family("haiku-5.5", ("adaptive", "disabled"), "unthinking", "new_accounts", True,
                                frozenset({"haiku-5.5", "legacy"}), "medium"),
+    # The 4.6 models, still served on the clouds' InvokeModel and rawPredict:
+    # adaptive thinking when asked for (no thinking when not), manual
+    # thinking still taken, summarized thinking by default.
+    "claude-opus-4-6": Family("opus-4.6", ("adaptive", "enabled", "disabled"), "unthinking", "never", False,
+                              frozenset({"opus-4.6", "sonnet-4.6", "legacy"}), "high", "disabled", "summarized"),
+    "claude-sonnet-4-6": Family("sonnet-4.6", ("adaptive", "enabled", "disabled"), "unthinking", "never", False,
+                                frozenset({"sonnet-4.6", "legacy"}), "high", "disabled", "summarized"),
 }
 
 _ACCOUNT_BOUND = frozenset(family.name for family in FAMILIES.values() if family.account_bound)
@@ -207,7 +219,7 @@ def _thinking_plan(body: dict, family: Family, betas: set[str]) -> _Plan:
         raise invalid("output_config.effort: Input should be 'low', 'medium', 'high', 'xhigh' or 'max'")
     thinking = body.get("thinking")
     if thinking is None:
-        return _Plan("adaptive", "omitted", None)
+        return _Plan(family.omitted, family.display, None)
     if not isinstance(thinking, dict):
         raise invalid("thinking: Input should be a valid dictionary")
     kind = thinking.get("type")
@@ -220,6 +232,8 @@ def _thinking_plan(body: dict, family: Family, betas: set[str]) -> _Plan:
         raise _not_supported(kind)
     if kind in ("between_tools", "disabled") and effort not in ("low", "medium", "high"):
         raise invalid(f'"thinking.type.{kind}" is not supported with "output_config.effort" "{effort}" for this model.')
+    if kind == "enabled" and not isinstance(thinking.get("budget_tokens"), int):
+        raise invalid("thinking.enabled.budget_tokens: Field required")
     if kind == "between_tools" or kind == "disabled":
         extra = sorted(set(thinking) - {"type"})
         if extra:
@@ -237,8 +251,8 @@ def _thinking_plan(body: dict, family: Family, betas: set[str]) -> _Plan:
             raise invalid(
                 f"thinking.{kind}.block_binding.prefix_mismatch_behavior: Input should be 'error' or 'drop_block'"
             )
-    display = thinking.get("display") or "omitted"
-    return _Plan(kind, display if isinstance(display, str) else "omitted", behavior)
+    display = thinking.get("display") or family.display
+    return _Plan(kind, display if isinstance(display, str) else family.display, behavior)
 
 
 def _check_tool_choice(body: dict, family: Family) -> bool:
@@ -351,7 +365,7 @@ class TodayRules:
             legacy_secret=self.legacy_secret,
         )
         bound = bind(body, binding)
-        if plan.kind == "adaptive":
+        if plan.kind in ("adaptive", "enabled"):
             thinks = may_think
         elif plan.kind == "between_tools":
             thinks = may_think and _in_tool_loop(body)

@@ -34,6 +34,7 @@ from typing import Any
 import ujson
 
 from twisted_relay.simulated.base import canonical, messages_of
+from twisted_relay.simulated.system_messages import prompt_tools
 from twisted_relay.usage import TOKEN_KINDS
 
 __all__ = [
@@ -119,7 +120,7 @@ def _segments(body: dict) -> list[tuple[tuple[str | None, Any], str | None]]:
     breakpoint's lifetime (or ``None``).
     """
     parts: list[tuple[tuple[str | None, Any], str | None]] = []
-    tools = body.get("tools")
+    tools = prompt_tools(body)
     for tool in tools if isinstance(tools, list) else ():
         parts.append((("tools", tool), _ttl(tool)))
     system = body.get("system")
