@@ -38,4 +38,8 @@ def login_for(upstream, reactor, threads: LoginThreads) -> Login | None:
     spec = upstream.login
     if spec is None:
         return None
+    if spec.kind == "google":
+        from twisted_relay.logins.google import GoogleLogin
+
+        return GoogleLogin(reactor, threads, credentials_file=spec.option("credentials"))
     raise LoginError("upstream %s: unknown login %r (known: %s)" % (upstream.name, spec.kind, ", ".join(LOGINS)))
