@@ -77,7 +77,7 @@ _PRELUDE_BYTES = 12
 _FRAME_OVERHEAD = 16
 _UINT32 = struct.Struct("!I")
 _UINT16 = struct.Struct("!H")
-# Fixed-size header values: type -> (struct, size); 8 is a timestamp in ms.
+# Fixed-size header values by type; 8 is a timestamp in ms.
 _FIXED = {
     2: struct.Struct("!b"),
     3: struct.Struct("!h"),
@@ -86,6 +86,8 @@ _FIXED = {
     8: struct.Struct("!q"),
 }
 _UUID_BYTES = 16
+# Frames up to this size have their CRC computed on a copy (cheaper than a view).
+_COPIED_BYTES = 65536
 
 
 # -- frames ----------------------------------------------------------------------
@@ -116,6 +118,10 @@ class Frame(NamedTuple):
 
     headers: dict[str, Any]
     payload: bytes
+
+
+# A Frame made without NamedTuple's keyword handling: half the cost, per frame.
+_new_frame = tuple.__new__
 
 
 class FrameDecoder:
@@ -191,55 +197,76 @@ class FrameDecoder:
 
     def _take(self, buf: bytes | bytearray, position: int, frames: list[Frame]) -> int:
         n = len(buf)
-        with memoryview(buf) as view:
+        whole = type(buf) is bytes
+        view = None
+        last_header_bytes = self._last_header_bytes
+        try:
             while n - position >= _PRELUDE_BYTES:
                 total, headers_length, prelude_crc = _PRELUDE.unpack_from(buf, position)
-                if crc32(view[position : position + 8]) != prelude_crc:
+                computed = crc32(buf[position : position + 8])
+                if computed != prelude_crc:
                     raise EventStreamError(
                         "the prelude's checksum does not match (0x%08x sent, 0x%08x computed)"
-                        % (prelude_crc, crc32(view[position : position + 8]))
+                        % (prelude_crc, computed)
                     )
-                self._check_lengths(total, headers_length)
+                payload_length = total - _FRAME_OVERHEAD - headers_length
+                if (
+                    payload_length < 0
+                    or payload_length > self.max_payload_bytes
+                    or headers_length > self.max_headers_bytes
+                ):
+                    self._refuse_lengths(total, headers_length)
                 end = position + total
                 if end > n:
                     break
-                (message_crc,) = _UINT32.unpack_from(buf, end - 4)
-                computed = crc32(view[position + 8 : end - 4], prelude_crc)
-                if computed != message_crc:
+                # botocore's reading: the CRC of what follows the prelude's
+                # CRC, from it. A small frame is cheaper to copy than to view.
+                if whole and total <= _COPIED_BYTES:
+                    computed = crc32(buf[position + 8 : end - 4], prelude_crc)
+                else:
+                    if view is None:
+                        view = memoryview(buf)
+                    computed = crc32(view[position + 8 : end - 4], prelude_crc)
+                if computed != _UINT32.unpack_from(buf, end - 4)[0]:
                     raise EventStreamError(
                         "the message's checksum does not match (0x%08x sent, 0x%08x computed)"
-                        % (message_crc, computed)
+                        % (_UINT32.unpack_from(buf, end - 4)[0], computed)
                     )
-                headers_end = position + _PRELUDE_BYTES + headers_length
-                if headers_length:
-                    header_bytes = bytes(view[position + _PRELUDE_BYTES : headers_end])
-                    if header_bytes == self._last_header_bytes:
-                        headers = self._last_headers
-                    else:
-                        headers = self._read_headers(header_bytes)
-                        self._last_header_bytes, self._last_headers = header_bytes, headers
+                start = position + _PRELUDE_BYTES
+                headers_end = start + headers_length
+                if headers_length == len(last_header_bytes) and buf.startswith(last_header_bytes, start):
+                    headers = self._last_headers
+                elif headers_length:
+                    last_header_bytes = bytes(buf[start:headers_end])
+                    headers = self._read_headers(last_header_bytes)
+                    self._last_header_bytes, self._last_headers = last_header_bytes, headers
                 else:
                     headers = {}
-                frames.append(Frame(headers, bytes(view[headers_end : end - 4])))
+                if whole:
+                    payload = buf[headers_end : end - 4]
+                else:
+                    if view is None:
+                        view = memoryview(buf)
+                    payload = bytes(view[headers_end : end - 4])
+                frames.append(_new_frame(Frame, (headers, payload)))
                 position = end
+        finally:
+            # A bytearray with a view on it cannot shrink.
+            if view is not None:
+                view.release()
         return position
 
-    def _check_lengths(self, total: int, headers_length: int) -> None:
-        if total < _FRAME_OVERHEAD:
-            raise EventStreamError("a frame says it is %d bytes long, less than the 16 of an empty one" % total)
-        if headers_length > self.max_headers_bytes:
-            raise EventStreamError(
-                "a frame's headers are %d bytes, past the limit of %d" % (headers_length, self.max_headers_bytes)
-            )
+    def _refuse_lengths(self, total: int, headers_length: int) -> None:
         payload_length = total - _FRAME_OVERHEAD - headers_length
-        if payload_length < 0:
-            raise EventStreamError(
-                "a frame's headers (%d bytes) do not fit in its length (%d bytes)" % (headers_length, total)
-            )
-        if payload_length > self.max_payload_bytes:
-            raise EventStreamError(
-                "a frame's payload is %d bytes, past the limit of %d" % (payload_length, self.max_payload_bytes)
-            )
+        if total < _FRAME_OVERHEAD:
+            why = "a frame says it is %d bytes long, less than the 16 of an empty one" % (total,)
+        elif headers_length > self.max_headers_bytes:
+            why = "a frame's headers are %d bytes, past the limit of %d" % (headers_length, self.max_headers_bytes)
+        elif payload_length < 0:
+            why = "a frame's headers (%d bytes) do not fit in its length (%d bytes)" % (headers_length, total)
+        else:
+            why = "a frame's payload is %d bytes, past the limit of %d" % (payload_length, self.max_payload_bytes)
+        raise EventStreamError(why)
 
     def _read_headers(self, data: bytes) -> dict[str, Any]:
         headers: dict[str, Any] = {}
@@ -257,40 +284,39 @@ class FrameDecoder:
             i += name_length
             kind = data[i]
             i += 1
+            fixed = _FIXED.get(kind)
             if kind == 0 or kind == 1:
-                value: Any = kind == 0
-            elif kind in _FIXED:
-                fixed = _FIXED[kind]
-                if i + fixed.size > n:
-                    raise EventStreamError("the value of header %r runs past the headers' end" % name)
-                (value,) = fixed.unpack_from(data, i)
-                i += fixed.size
+                size = 0
+            elif fixed is not None:
+                size = fixed.size
+            elif kind == 9:
+                size = _UUID_BYTES
             elif kind == 6 or kind == 7:
                 if i + 2 > n:
                     raise EventStreamError("the value of header %r runs past the headers' end" % name)
-                (length,) = _UINT16.unpack_from(data, i)
+                (size,) = _UINT16.unpack_from(data, i)
                 i += 2
-                if length > self.max_header_value_bytes:
+                if size > self.max_header_value_bytes:
                     raise EventStreamError(
                         "the value of header %r is %d bytes, past the limit of %d"
-                        % (name, length, self.max_header_value_bytes)
+                        % (name, size, self.max_header_value_bytes)
                     )
-                if i + length > n:
-                    raise EventStreamError("the value of header %r runs past the headers' end" % name)
-                value = data[i : i + length]
-                i += length
-                if kind == 7:
-                    try:
-                        value = value.decode("utf-8")
-                    except UnicodeDecodeError:
-                        raise EventStreamError("the string header %r is not UTF-8" % name)
-            elif kind == 9:
-                if i + _UUID_BYTES > n:
-                    raise EventStreamError("the value of header %r runs past the headers' end" % name)
-                value = data[i : i + _UUID_BYTES]
-                i += _UUID_BYTES
             else:
                 raise EventStreamError("header %r has the unknown type %d" % (name, kind))
+            if i + size > n:
+                raise EventStreamError("the value of header %r runs past the headers' end" % name)
+            if size == 0 and kind < 2:
+                value: Any = kind == 0
+            elif fixed is not None:
+                (value,) = fixed.unpack_from(data, i)
+            elif kind == 7:
+                try:
+                    value = data[i : i + size].decode("utf-8")
+                except UnicodeDecodeError:
+                    raise EventStreamError("the string header %r is not UTF-8" % name)
+            else:
+                value = data[i : i + size]
+            i += size
             if name in headers:
                 raise EventStreamError("header %r comes twice" % name)
             headers[name] = value
@@ -386,9 +412,10 @@ _MESSAGE_DELTA = b"message_delta"
 _MESSAGE_STOP = b"message_stop"
 # An Anthropic event's JSON names its type first, as Bedrock sends it; read
 # without parsing the rest. Anything else is parsed.
-_TYPE_FIRST = re.compile(rb'\{\s*"type"\s*:\s*"([A-Za-z0-9_]+)"')
+_TYPE_FIRST = b'{"type":"'
 _EVENT_NAME = re.compile(r"[A-Za-z0-9_]+")
-_CHUNK_BYTES_FIRST = b'{"bytes":"'
+_NAME_BYTES = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+_CHUNK_BYTES_FIRST = re.compile(rb'\{\s*"bytes"\s*:\s*"')
 # A malformed stream's error, and the longest text of an exception's payload
 # that is not JSON kept in the message.
 _MALFORMED = "The upstream's event stream was malformed: %s"
@@ -428,7 +455,6 @@ class BedrockToSSE:
     :ivar error: the :class:`BedrockError` an exception frame reported.
     :ivar malformed: why the stream was malformed, or ``None``.
     :ivar invocation_metrics: the metrics Bedrock sent, as sent.
-    :ivar events: events written (the error included).
     """
 
     def __init__(self, max_payload_bytes: int = MAX_PAYLOAD_BYTES):
@@ -440,7 +466,6 @@ class BedrockToSSE:
         self.error: BedrockError | None = None
         self.malformed: str | None = None
         self.invocation_metrics: dict | None = None
-        self.events = 0
 
     @property
     def pending(self) -> int:
@@ -457,9 +482,14 @@ class BedrockToSSE:
         except EventStreamError as e:
             frames, fault = e.frames, str(e)
         out: list[bytes] = []
-        for frame in frames:
+        chunk = self._chunk
+        for headers, payload in frames:
             try:
-                self._frame(frame, out)
+                if headers.get(":message-type") == "event":
+                    if headers.get(":event-type") == "chunk":
+                        chunk(payload, out)
+                else:
+                    self._other(headers, payload, out)
             except _Malformed as e:
                 fault = str(e)
                 break
@@ -478,14 +508,10 @@ class BedrockToSSE:
 
     # -- one frame -------------------------------------------------------------
 
-    def _frame(self, frame: Frame, out: list[bytes]) -> None:
-        headers = frame.headers
+    def _other(self, headers: dict[str, Any], payload: bytes, out: list[bytes]) -> None:
         kind = headers.get(":message-type")
-        if kind == "event":
-            if headers.get(":event-type") == "chunk":
-                self._chunk(frame.payload, out)
-        elif kind == "exception":
-            self._exception(headers.get(":exception-type"), frame.payload, out)
+        if kind == "exception":
+            self._exception(headers.get(":exception-type"), payload, out)
         elif kind == "error":
             code, text = headers.get(":error-code"), headers.get(":error-message")
             error = bedrock_error(code if isinstance(code, str) else None, text if isinstance(text, str) else None)
@@ -494,21 +520,21 @@ class BedrockToSSE:
 
     def _chunk(self, payload: bytes, out: list[bytes]) -> None:
         raw = _event_json(payload)
-        match = _TYPE_FIRST.match(raw)
         event = None
-        if match is None or b"\n" in raw or b"\r" in raw:
+        close = raw.find(b'"', 9) if raw.startswith(_TYPE_FIRST) else -1
+        name = raw[9:close] if close > 9 else b""
+        if not name or name.translate(None, _NAME_BYTES) or b"\n" in raw or b"\r" in raw:
             event = _parse_event(raw)
             name = event["type"].encode("utf-8")
             raw = to_json(event)
-        else:
-            name = match.group(1)
         if name == _MESSAGE_STOP and _METRICS_MARK in raw:
             event = event if event is not None else _parse_event(raw)
             metrics = event.pop(_METRICS_KEY, None)
             if isinstance(metrics, dict):
                 self.invocation_metrics = metrics
             raw = to_json(event)
-        self._release(out)
+        if self._held is not None:
+            self._release(out)
         if name == _MESSAGE_DELTA:
             event = event if event is not None else _parse_event(raw)
             self._note_reported(event.get("usage"))
@@ -519,7 +545,6 @@ class BedrockToSSE:
             message = event.get("message")
             if isinstance(message, dict):
                 self._note_reported(message.get("usage"))
-        self.events += 1
         out.append(b"event: " + name + b"\ndata: " + raw + b"\n\n")
 
     def _note_reported(self, usage: Any) -> None:
@@ -550,7 +575,6 @@ class BedrockToSSE:
                 usage.update(unreported)
                 self._reported.update(unreported)
                 raw = to_json(event)
-        self.events += 1
         out.append(b"event: " + _MESSAGE_DELTA + b"\ndata: " + raw + b"\n\n")
 
     def _exception(self, exception_type: Any, payload: bytes, out: list[bytes]) -> None:
@@ -577,18 +601,19 @@ class BedrockToSSE:
     def _end(self, out: list[bytes], error_type: str, message: str) -> None:
         self._release(out)
         self.ended = True
-        self.events += 1
         out.append(sse_error_event(error_type, message))
 
 
 def _event_json(payload: bytes) -> bytes:
     """The Anthropic event a chunk's payload carries, as its JSON bytes."""
     encoded: Any = None
-    if payload.startswith(_CHUNK_BYTES_FIRST):
+    first = _CHUNK_BYTES_FIRST.match(payload)
+    if first is not None:
         # Bedrock writes "bytes" first; base64 holds no quote nor backslash.
-        close = payload.find(b'"', len(_CHUNK_BYTES_FIRST))
-        if close > 0 and payload.find(b"\\", len(_CHUNK_BYTES_FIRST), close) < 0:
-            encoded = payload[len(_CHUNK_BYTES_FIRST) : close]
+        opened = first.end()
+        close = payload.find(b'"', opened)
+        if close > 0 and payload.find(b"\\", opened, close) < 0:
+            encoded = payload[opened:close]
     if encoded is None:
         try:
             chunk = ujson.loads(payload)
@@ -642,7 +667,6 @@ class EventStreamToSSE(Protocol):
     def __init__(self, inner: IProtocol, max_payload_bytes: int = MAX_PAYLOAD_BYTES):
         self._inner = inner
         self.stream = BedrockToSSE(max_payload_bytes)
-        self._stopped = False
 
     def makeConnection(self, transport: ITransport) -> None:
         """Connect, and connect the inner protocol to the same transport."""
@@ -655,8 +679,8 @@ class EventStreamToSSE(Protocol):
         if stream.ended:
             return
         self._inner.dataReceived(stream.feed(data))
-        if stream.malformed is not None and not self._stopped:
-            self._stopped = True
+        if stream.malformed is not None:
+            # Nothing more is read (the stream has ended): stop the upstream.
             self.transport.stopProducing()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
