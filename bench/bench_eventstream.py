@@ -11,7 +11,10 @@ several rounds:
 - per event, a text delta of about 60 bytes of text: one event per read
   (a paced stream: each event arrives alone) and sixteen per read;
 - per MB of client SSE, text deltas of 4 KiB of text, sixteen per read;
-- the same with a read cut in the middle of a frame (the tail carried over).
+- the same with a read cut in the middle of a frame (the tail carried over);
+- the frame decoder alone on bursts of 1,000 and 20,000 frames in one read,
+  beside botocore's ``EventStreamBuffer`` (which re-slices its buffer per
+  frame): per frame, flat for the relay's decoder.
 
 Bedrock's chunks carry a random padding ``p``; here every frame has the
 mean of the lengths seen in Bedrock's answers, about 30 characters.
@@ -135,6 +138,35 @@ def compare(label: str, event: bytes, per_read: int, iterations: int, split: boo
     )
 
 
+def bursts() -> None:
+    from botocore.eventstream import EventStreamBuffer
+
+    from twisted_relay.wires.eventstream import FrameDecoder
+
+    frame_bytes = bedrock_frame(delta(TEXT))
+    for count in (1_000, 20_000):
+        burst = frame_bytes * count
+
+        def ours(burst=burst):
+            return FrameDecoder().feed(burst)
+
+        def botocores(burst=burst):
+            buffer = EventStreamBuffer()
+            buffer.add_data(burst)
+            return list(buffer)
+
+        figures = []
+        for decode in (ours, botocores):
+            times = []
+            # botocore's big burst takes seconds: once is enough.
+            for _ in range(ROUNDS if decode is ours or count <= 1_000 else 1):
+                t0 = time.process_time()
+                assert len(decode()) == count
+                times.append(time.process_time() - t0)
+            figures.append(min(times) / count * 1e6)
+        print("  burst of %6d frames in one read: decoder %6.2f us/frame, botocore %7.2f us/frame" % (count, *figures))
+
+
 def main() -> None:
     small, large = delta(TEXT), delta("x" * 4096)
     print(
@@ -147,6 +179,7 @@ def main() -> None:
     compare("%d-byte delta, 16 events per read" % len(anthropic_sse(small)), small, 16, 10_000)
     compare("%d-byte delta, 1 event in 2 reads" % len(anthropic_sse(small)), small, 1, 50_000, split=True)
     compare("%d-byte delta, 16 events per read" % len(anthropic_sse(large)), large, 16, 1_000)
+    bursts()
 
 
 if __name__ == "__main__":

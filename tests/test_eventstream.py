@@ -23,12 +23,15 @@ import ujson
 from anthropic._streaming import SSEDecoder
 from anthropic.lib.bedrock._stream_decoder import AWSEventStreamDecoder
 from botocore.eventstream import EventStreamBuffer
+from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.internet.error import ConnectionLost
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 from twisted_relay.errors import RelayError
 from twisted_relay.metering import AnswerMeter
@@ -732,3 +735,62 @@ class ChunkJsonTests(SynchronousTestCase):
         ]
         for payload in payloads:
             self.assertEqual(BedrockToSSE().feed(frame(CHUNK_HEADERS, payload)), sse(START), payload)
+
+
+class _BedrockResource(Resource):
+    """An upstream that answers with an event stream and writes what the test says, when it says."""
+
+    isLeaf = True
+
+    def __init__(self):
+        super().__init__()
+        self.requests = []
+
+    def render_POST(self, request):
+        request.setHeader(b"content-type", b"application/vnd.amazon.eventstream")
+        self.requests.append(request)
+        request.write(b"")  # the status line and headers, now
+        return NOT_DONE_YET
+
+
+class OverTwistedWebTests(SynchronousTestCase):
+    """The Protocol on twisted.web's own HTTP client (``treq``'s ``deliverBody``), over an in-memory connection."""
+
+    def _stream(self):
+        upstream = _BedrockResource()
+        stub = StubTreq(upstream)
+        answered = stub.request("POST", "http://bedrock.test/model/m/invoke-with-response-stream", unbuffered=True)
+        stub.flush()
+        response = self.successResultOf(answered)
+        self.assertEqual(response.headers.getRawHeaders(b"content-type"), [b"application/vnd.amazon.eventstream"])
+        sink = _Sink()
+        gate = SSEGate(sink, translate_request(_history(TOOLU)).response(), clock=Clock())
+        response.deliverBody(EventStreamToSSE(gate))
+        return stub, upstream.requests[0], gate, sink
+
+    def test_whole_stream(self):
+        stub, request, gate, sink = self._stream()
+        for piece in cuts(bedrock_stream(TOOL_EVENTS, METRICS), 7, 25):
+            request.write(piece)
+            stub.flush()
+        request.finish()
+        stub.flush()
+        self.assertIsNone(self.successResultOf(gate.done))
+        events = _data(sdk_events(sink.value()))
+        self.assertEqual([name for name, _ in events], [e["type"] for e in TOOL_EVENTS])
+        self.assertEqual(events[4][1]["content_block"]["id"], TOOLU + "-2")
+        self.assertEqual(events[-1][1], {"type": "message_stop"})
+
+    def test_malformed_stream_drops_the_upstream(self):
+        """A broken frame: the upstream connection is closed, the client's stream ends with the error, cleanly."""
+        stub, request, gate, sink = self._stream()
+        gone = []
+        request.notifyFinish().addErrback(gone.append)
+        request.write(chunk(START))
+        stub.flush()
+        bad = chunk(TOOL_EVENTS[1])
+        request.write(bad[:-1] + bytes([bad[-1] ^ 1]) + chunk(TOOL_EVENTS[2]))
+        stub.flush()
+        self.assertEqual(len(gone), 1)
+        self.assertIsNone(self.successResultOf(gate.done))
+        self.assertEqual([name for name, _ in sdk_events(sink.value())], ["message_start", "error"])
