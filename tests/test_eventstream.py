@@ -794,3 +794,25 @@ class OverTwistedWebTests(SynchronousTestCase):
         self.assertEqual(len(gone), 1)
         self.assertIsNone(self.successResultOf(gate.done))
         self.assertEqual([name for name, _ in sdk_events(sink.value())], ["message_start", "error"])
+
+
+class FailureTests(SynchronousTestCase):
+    """A bug in the mapping is logged, and the client's stream still ends with an error event."""
+
+    def test_bug_ends_the_stream_cleanly(self):
+        wire, gate, sink, transport = _wired()
+        wire.dataReceived(chunk(START))
+
+        def broken(data):
+            raise TypeError("a bug")
+
+        wire.stream.feed = broken
+        wire.dataReceived(chunk(TOOL_EVENTS[1]))
+        self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
+        self.assertEqual(transport.producerState, "stopped")
+        wire.dataReceived(chunk(TOOL_EVENTS[2]))
+        wire.connectionLost(Failure(ResponseFailed([Failure(ConnectionLost())])))
+        self.successResultOf(gate.done)
+        events = _data(sdk_events(sink.value()))
+        self.assertEqual(events[-1][1]["error"], {"type": "api_error", "message": "The relay failed while reading the upstream's event stream."})
+        self.assertEqual(len(events), 2)

@@ -2,23 +2,15 @@
 """
 Amazon's event stream (``application/vnd.amazon.eventstream``), the framing
 of Bedrock's InvokeModelWithResponseStream answer, read as Anthropic's
-server-sent events for the SSE gate.
+server-sent events for the SSE gate. Bottom to top:
 
-Three parts, bottom to top:
-
-- :class:`FrameDecoder` (pure, no Twisted): binary frames reassembled from
-  reads split anywhere, both CRC32s checked, lengths bounded
-  (``smithy-lang/smithy`` ``amazon-eventstream.rst``; botocore's
-  ``eventstream.py`` reads the same layout).
-- :class:`BedrockToSSE` (pure): Bedrock's frames turned into Anthropic's
-  SSE bytes: each ``chunk`` frame carries one Anthropic event (base64 in
-  ``bytes``, padding in ``p``); the invocation metrics on the last chunk are
-  taken off the event and their counts laid into the stream's usage where
-  the events did not report them; exception frames become an ``error``
-  event. :func:`bedrock_error` is the mapping of Bedrock's error names,
-  shared with the non-streamed answers.
-- :class:`EventStreamToSSE`: the Twisted Protocol that treq's
-  ``deliverBody`` feeds, in front of the gate (:class:`~twisted_relay.sse.SSEGate`).
+- :class:`FrameDecoder` (pure): frames from reads split anywhere, both
+  CRC32s checked, lengths bounded (smithy's ``amazon-eventstream.rst``).
+- :class:`BedrockToSSE` (pure): ``chunk`` frames as Anthropic's events,
+  invocation metrics into the usage, exception frames as ``error`` events;
+  :func:`bedrock_error` maps Bedrock's error names, streamed or not.
+- :class:`EventStreamToSSE`: the Protocol that ``deliverBody`` feeds, in
+  front of the gate (:class:`~twisted_relay.sse.SSEGate`).
 """
 
 from __future__ import annotations
@@ -33,6 +25,7 @@ from zlib import crc32
 import ujson
 from twisted.internet.interfaces import IProtocol, ITransport
 from twisted.internet.protocol import Protocol, connectionDone
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from twisted_relay._json import to_json
@@ -78,13 +71,7 @@ _FRAME_OVERHEAD = 16
 _UINT32 = struct.Struct("!I")
 _UINT16 = struct.Struct("!H")
 # Fixed-size header values by type; 8 is a timestamp in ms.
-_FIXED = {
-    2: struct.Struct("!b"),
-    3: struct.Struct("!h"),
-    4: struct.Struct("!i"),
-    5: struct.Struct("!q"),
-    8: struct.Struct("!q"),
-}
+_FIXED = {kind: struct.Struct(code) for kind, code in ((2, "!b"), (3, "!h"), (4, "!i"), (5, "!q"), (8, "!q"))}
 _UUID_BYTES = 16
 # Frames up to this size have their CRC computed on a copy (cheaper than a view).
 _COPIED_BYTES = 65536
@@ -129,11 +116,11 @@ class FrameDecoder:
     Decode an event stream incrementally: :meth:`feed` takes each read, cut
     anywhere, and returns the frames it completes.
 
-    The bytes held are one buffer read at an offset: a frame is never
-    copied but for its payload, a read that completes no frame costs a
-    look at the prelude, and the bytes taken are dropped once per call (the
-    tail kept is less than one frame), so a burst of many frames or a frame
-    spread over many reads costs time in proportion to its bytes.
+    The bytes held are one buffer read at an offset: a read that completes
+    no frame costs a look at the prelude, and the bytes taken are dropped
+    once per call (the tail kept is less than one frame), so a burst of
+    many frames or a frame spread over many reads costs time in proportion
+    to its bytes.
 
     :param max_payload_bytes: the largest payload of one frame.
     :param max_headers_bytes: the largest headers section of one frame.
@@ -432,9 +419,10 @@ class BedrockToSSE:
 
     Each ``chunk`` event frame becomes ``event: <type>`` and ``data:`` with
     the event's JSON as Bedrock encoded it (the padding ``p`` dropped; a
-    JSON that holds a raw line end is written again, compact). Frames of
-    other event types are skipped, as the SDKs skip union members they do
-    not know.
+    JSON that holds a raw line end is written again, compact). As on the
+    Anthropic wire, an event's JSON is not parsed, but for ``message_start``,
+    ``message_delta`` and a ``message_stop`` with metrics. Frames of other
+    event types are skipped, as the SDKs skip union members they do not know.
 
     Usage: ``message_stop`` comes with Bedrock's invocation metrics, which
     leave the event; each of their counts (:data:`USAGE_OF_METRIC`) that no
@@ -664,9 +652,12 @@ class EventStreamToSSE(Protocol):
         ``invocation_metrics``, ``malformed``).
     """
 
+    log = Logger()
+
     def __init__(self, inner: IProtocol, max_payload_bytes: int = MAX_PAYLOAD_BYTES):
         self._inner = inner
         self.stream = BedrockToSSE(max_payload_bytes)
+        self._failed = False
 
     def makeConnection(self, transport: ITransport) -> None:
         """Connect, and connect the inner protocol to the same transport."""
@@ -676,16 +667,23 @@ class EventStreamToSSE(Protocol):
     def dataReceived(self, data: bytes) -> None:
         """Decode a read and pass on its events in one call."""
         stream = self.stream
-        if stream.ended:
+        if stream.ended or self._failed:
             return
-        self._inner.dataReceived(stream.feed(data))
-        if stream.malformed is not None:
+        try:
+            events = stream.feed(data)
+        except Exception:
+            # A bug of ours: the client hears of it as of a malformed stream.
+            self.log.failure("Reading an upstream's event stream failed")
+            self._failed = True
+            events = sse_error_event("api_error", "The relay failed while reading the upstream's event stream.")
+        self._inner.dataReceived(events)
+        if stream.malformed is not None or self._failed:
             # Nothing more is read (the stream has ended): stop the upstream.
             self.transport.stopProducing()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Pass on the ``message_delta`` still held, then the end."""
-        tail = self.stream.end()
+        tail = b"" if self._failed else self.stream.end()
         if tail:
             self._inner.dataReceived(tail)
         self._inner.connectionLost(reason)
