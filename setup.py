@@ -71,6 +71,10 @@ setup(
             # the simulated token endpoint's test service-account keys
             # (Twisted's [tls] extra brings it too).
             "cryptography>=41",
+            # botocore's event-stream decoder, and boto3, the oracles of the
+            # Bedrock wire's tests (tests/test_eventstream.py).
+            "boto3>=1.35",
+            "botocore>=1.35",
         ],
     },
     entry_points={
