@@ -51,11 +51,17 @@ setup(
         "redis": ["txredisapi>=1.6"],
         # --usage-db postgresql://...: the usage ledger in PostgreSQL (psycopg 3).
         "postgres": ["psycopg[binary]>=3.2"],
+        # An AWS login reading the standard credential chain (environment,
+        # shared files, SSO, web identity, container and instance metadata);
+        # keys from named environment variables and SigV4 signing need none.
+        # Tested on 1.29.0, 1.31.0 and 1.44.8.
+        "aws": ["botocore>=1.29"],
         "test": [
             "hypothesis>=6.90",
             "anthropic>=2.16",  # its message threads (tests of twisted_relay.message_threads.model)
             "txredisapi>=1.6",
             "psycopg[binary]>=3.2",
+            "botocore>=1.29",  # the AWS logins' chain, and the reference SigV4 signer the relay's is tested against
         ],
     },
     entry_points={

@@ -12,6 +12,7 @@ key; a one-line start error when botocore is missing.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -42,6 +43,7 @@ from twisted_relay.logins.aws import (
     require_botocore,
 )
 from twisted_relay.logins.base import Credentials, CredentialSource, LoginError, LoginThreads
+from twisted_relay.redact import is_sensitive_header
 from twisted_relay.upstream import UpstreamClient
 
 from tests.test_logins import InlineThreads
@@ -153,6 +155,17 @@ class AwsSigV4LoginTests(SynchronousTestCase):
         )
         self.assertEqual(names, ["host", "x-amz-date"])
 
+    def test_body_hash_given(self):
+        """A body hash computed beforehand is the one signed: right, it verifies; wrong, it does not."""
+        url = "https://bedrock-runtime.us-east-1.amazonaws.com" + PATHS[0]
+        body = b'{"max_tokens":16}'
+        headers = Headers()
+        self.login.authorize(b"POST", url, headers, body, body_sha256=hashlib.sha256(body).hexdigest())
+        verify_with_botocore(b"POST", url, headers, body, SECRETS)
+        headers = Headers()
+        self.login.authorize(b"POST", url, headers, body, body_sha256=hashlib.sha256(b"other").hexdigest())
+        self.assertRaises(AssertionError, verify_with_botocore, b"POST", url, headers, body, SECRETS)
+
     def test_not_started_is_a_login_error(self):
         """Signing before the first fetch is a LoginError naming the source, not a crash."""
         login = AwsSigV4Login(self.clock, static_source(self.clock, KEYS), "bedrock", "us-east-1")
@@ -185,6 +198,12 @@ class AwsSigV4LoginTests(SynchronousTestCase):
             self.assertIn(b"/eu-west-1/%s/aws4_request" % (service.encode(),), headers.getRawHeaders(b"authorization")[0])
         self.assertRaises(LoginError, AwsSigV4Login, self.clock, self.source, "bedrock-runtime", "us-east-1")
         self.assertRaises(LoginError, AwsSigV4Login, self.clock, self.source, "bedrock", "")
+
+    def test_secret_headers_are_redacted_in_dumps(self):
+        """The headers that carry a secret are ones the relay's dumps and logs redact by name."""
+        headers = self.signed()
+        for name, _ in headers.getAllRawHeaders():
+            self.assertEqual(is_sensitive_header(name), name.lower() in (b"authorization", b"x-amz-security-token"), name)
 
     def test_no_secret_in_reprs(self):
         """Keys, credentials, the login and its source show no secret."""

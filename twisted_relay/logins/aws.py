@@ -226,7 +226,9 @@ class AwsSigV4Login(Login):
     def refresh(self):
         return self._source.refresh()
 
-    def authorize(self, method: bytes, url: str, headers: Headers, body: bytes | None) -> None:
+    def authorize(
+        self, method: bytes, url: str, headers: Headers, body: bytes | None, body_sha256: str | None = None
+    ) -> None:
         """
         Sign one request: ``x-amz-date``, ``x-amz-security-token`` (with
         session credentials) and ``authorization`` set on ``headers``, any
@@ -234,6 +236,9 @@ class AwsSigV4Login(Login):
 
         :param url: the URL exactly as it goes on the wire (the upstream
             client's prepared URL: path and query encoded, host lower case).
+        :param body_sha256: the body's SHA-256 in hex when already computed
+            (off the reactor, say, where the body was made): the hash is
+            most of a large body's signing cost.
         """
         credentials = self._source.current
         if credentials is None:
@@ -246,7 +251,7 @@ class AwsSigV4Login(Login):
         if keys.session_token:
             headers.setRawHeaders(b"x-amz-security-token", [keys.session_token.encode("utf-8")])
         signature = self._signer.authorization(
-            method, url, headers.getAllRawHeaders(), body, keys.access_key_id, keys.secret_access_key, date
+            method, url, headers.getAllRawHeaders(), body, keys.access_key_id, keys.secret_access_key, date, body_sha256
         )
         headers.setRawHeaders(b"authorization", [signature])
 
