@@ -487,6 +487,22 @@ class StandardChainTests(TestCase):
         self.assertEqual(source.current.value.access_key_id, "AKIDENV")
         self.assertEqual(source.current.value.session_token, "env-token")
 
+    async def test_expiry_read_from_botocore(self):
+        """Credentials with an expiry (here AWS_CREDENTIAL_EXPIRATION) are kept with it, to the second."""
+        expiration = int(time.time()) + 7200
+        isolated_aws_environment(
+            self,
+            AWS_ACCESS_KEY_ID="AKIDEXPIRING",
+            AWS_SECRET_ACCESS_KEY="expiring-secret",
+            AWS_SESSION_TOKEN="expiring-token",
+            AWS_CREDENTIAL_EXPIRATION=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expiration)),
+        )
+        source = chain_source(reactor, self.threads)
+        self.addCleanup(source.stop)
+        await source.start()
+        self.assertEqual(source.current.value.access_key_id, "AKIDEXPIRING")
+        self.assertLessEqual(abs(source.current.expires_at - expiration), 1.0)
+
     async def test_container_credentials_refreshed_before_expiry(self):
         """
         Short-lived credentials from a container endpoint, with their
@@ -494,7 +510,18 @@ class StandardChainTests(TestCase):
         through botocore 600 s before they expire (the source's clock moved
         on); the requests signed after carry the new triple.
         """
-        endpoint = self.serve_container(life=3600)
+        await self.check_container_refresh(life=3600, calls_per_fetch=1)
+
+    async def test_container_credentials_inside_botocores_window(self):
+        """
+        Credentials living 12 minutes, inside botocore's own 15-minute
+        refresh window: botocore fetches them twice per fetch (its advisory
+        refresh), and the source still moves to new ones 600 s before expiry.
+        """
+        await self.check_container_refresh(life=720, calls_per_fetch=2)
+
+    async def check_container_refresh(self, life: float, calls_per_fetch: int):
+        endpoint = self.serve_container(life=life)
         clock = Clock()
         clock.advance(time.time())
         reactor_thread = threading.get_ident()
@@ -509,18 +536,19 @@ class StandardChainTests(TestCase):
         login = AwsSigV4Login(clock, source, "bedrock", "us-east-1")
         await login.start()
         first = source.current
-        self.assertEqual(first.value.access_key_id, "ASIACONTAINER0001")
-        self.assertEqual(first.value.session_token, "container-session-token-1")
-        expiration = datetime.datetime.strptime(endpoint.minted[0]["Expiration"], "%Y-%m-%dT%H:%M:%SZ")
+        n = calls_per_fetch
+        self.assertEqual(first.value.access_key_id, "ASIACONTAINER%04d" % (n,))
+        self.assertEqual(first.value.session_token, "container-session-token-%d" % (n,))
+        expiration = datetime.datetime.strptime(endpoint.minted[n - 1]["Expiration"], "%Y-%m-%dT%H:%M:%SZ")
         expiration = expiration.replace(tzinfo=datetime.timezone.utc).timestamp()
         self.assertLessEqual(abs(first.expires_at - expiration), 1.0)
 
         clock.advance(first.expires_at - clock.seconds() - 601)
-        self.assertEqual(len(endpoint.minted), 1)
+        self.assertEqual(len(endpoint.minted), n)
         clock.advance(2)
         await wait_for(lambda: source.current is not first)
-        self.assertEqual(source.current.value.access_key_id, "ASIACONTAINER0002")
-        self.assertEqual(len(endpoint.minted), 2)
+        self.assertEqual(source.current.value.access_key_id, "ASIACONTAINER%04d" % (2 * n,))
+        self.assertEqual(len(endpoint.minted), 2 * n)
         self.assertEqual(len(fetch_threads), 2)
         self.assertNotIn(reactor_thread, fetch_threads)
 
@@ -531,9 +559,9 @@ class StandardChainTests(TestCase):
             "https://bedrock-runtime.us-east-1.amazonaws.com" + PATHS[0],
             headers,
             b"{}",
-            {"ASIACONTAINER0002": "container-secret-2"},
+            {"ASIACONTAINER%04d" % (2 * n,): "container-secret-%d" % (2 * n,)},
         )
-        self.assertEqual(headers.getRawHeaders(b"x-amz-security-token"), [b"container-session-token-2"])
+        self.assertEqual(headers.getRawHeaders(b"x-amz-security-token"), [b"container-session-token-%d" % (2 * n,)])
 
     async def test_no_credentials_anywhere(self):
         """Nothing in the chain: one line saying where it looked."""
@@ -616,6 +644,8 @@ class OnTheWireTests(TestCase):
                 b"x-amzn-bedrock-accept": [b"application/json"],
                 b"user-agent": [b"claude-cli/2.1 (external, cli)"],
                 b"x-custom": [b"  inner   spaces\tand tab "],
+                # treq sets its own, the relay's agent removes it: signed, it would break the signature.
+                b"accept-encoding": [b"gzip"],
             }
         )
 
