@@ -55,15 +55,19 @@ setup(
         # transport. Tested from google-auth 2.23.4 (older ones pin urllib3<2)
         # and requests 2.31.
         "gcp": ["google-auth>=2.23.4", "requests>=2.31"],
-        # Amazon Bedrock: SigV4 (the simulated Bedrock checks signatures with it too).
-        "aws": ["botocore>=1.31.57"],
+        # An AWS login reading the standard credential chain (environment,
+        # shared files, SSO, web identity, container and instance metadata);
+        # keys from named environment variables and SigV4 signing need none.
+        # The simulated Bedrock checks signatures with it. Tested on 1.29.0,
+        # 1.31.0 and 1.44.8.
+        "aws": ["botocore>=1.29"],
         "test": [
             "hypothesis>=6.90",
             # its message threads (tests of twisted_relay.message_threads.model);
             # [bedrock]: AnthropicBedrock signs with boto3/botocore; [vertex]:
             # AnthropicVertex; the oracles of the simulated clouds.
             "anthropic[bedrock,vertex]>=2.16",
-            "boto3>=1.28.57",  # the bedrock-runtime client (InvokeModel, CountTokens)
+            "boto3>=1.35",  # the bedrock-runtime client (InvokeModel, CountTokens)
             "txredisapi>=1.6",
             "psycopg[binary]>=3.2",
             "google-auth>=2.23.4",
@@ -71,9 +75,9 @@ setup(
             # the simulated token endpoint's test service-account keys
             # (Twisted's [tls] extra brings it too).
             "cryptography>=41",
-            # botocore's event-stream decoder, and boto3, the oracles of the
-            # Bedrock wire's tests (tests/test_eventstream.py).
-            "boto3>=1.35",
+            # botocore: the AWS logins' chain, the reference SigV4 signer the
+            # relay's is tested against, its event-stream decoder (the oracle of
+            # tests/test_eventstream.py).
             "botocore>=1.35",
         ],
     },

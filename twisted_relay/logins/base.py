@@ -171,10 +171,13 @@ class CredentialSource:
     def _schedule(self, credentials: Credentials) -> None:
         if credentials.expires_at is None:
             return
-        delay = credentials.expires_at - self._margin - self._reactor.seconds()
-        # Short-lived credentials: at half their life, not after they expire.
         life = credentials.expires_at - self._reactor.seconds()
-        self._schedule_in(max(min(delay, life / 2.0), 1.0))
+        delay = life - self._margin
+        if delay <= 0:
+            # Credentials living less than the margin: at half their life
+            # (not every second, nor after they expire).
+            delay = life / 2.0
+        self._schedule_in(max(delay, 1.0))
 
     def _schedule_in(self, delay: float) -> None:
         if self._stopped:
