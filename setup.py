@@ -51,11 +51,17 @@ setup(
         "redis": ["txredisapi>=1.6"],
         # --usage-db postgresql://...: the usage ledger in PostgreSQL (psycopg 3).
         "postgres": ["psycopg[binary]>=3.2"],
+        # Microsoft Foundry with Entra ID tokens (login "azure"). 1.19 is the
+        # oldest tested; with 1.16 the refresh tests of tests/test_logins_azure.py
+        # fail (a refresh did not reach the identity endpoint, and requests were
+        # refused once the token expired).
+        "azure": ["azure-identity>=1.19"],
         "test": [
             "hypothesis>=6.90",
             "anthropic>=2.16",  # its message threads (tests of twisted_relay.message_threads.model)
             "txredisapi>=1.6",
             "psycopg[binary]>=3.2",
+            "azure-identity>=1.19",  # the azure login against the simulated identity endpoint
         ],
     },
     entry_points={
