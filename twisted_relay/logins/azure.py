@@ -63,6 +63,8 @@ IDENTITIES = ("default", "managed", "client-secret")
 #: How to get azure-identity.
 INSTALL_HINT = "pip install 'twisted-relay[azure]'"
 
+# The variables of the managed-identity endpoints that hold a secret.
+_ENDPOINT_SECRETS = ("IDENTITY_HEADER", "MSI_SECRET")
 # Anything shaped like a JSON Web Token (an Entra access token is one).
 _JWT = re.compile(r"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")
 
@@ -173,10 +175,16 @@ class AzureLogin(Login):
         return Credentials(value, expires_at)
 
     def _scrubbed(self, error: Exception) -> str:
-        """An error's text with no secret in it: the configured secret, and any token."""
+        """
+        An error's text with no secret in it: the client secret, the managed
+        identity's endpoint secrets (azure-identity reads them from
+        ``os.environ``), and anything shaped like a token.
+        """
         text = " ".join(str(error).split()) or type(error).__name__
-        secret = self._environ.get(self._secret_names[2]) if self._identity == "client-secret" else None
-        return _JWT.sub(REDACTED, redact_text(text, [secret] if secret else []))
+        found = [os.environ.get(name) for name in _ENDPOINT_SECRETS]
+        if self._identity == "client-secret":
+            found.append(self._environ.get(self._secret_names[2]))
+        return _JWT.sub(REDACTED, redact_text(text, [secret for secret in found if secret]))
 
     # -- on the reactor ---------------------------------------------------
 
