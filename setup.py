@@ -61,6 +61,11 @@ setup(
         # The simulated Bedrock checks signatures with it. Tested on 1.29.0,
         # 1.31.0 and 1.44.8.
         "aws": ["botocore>=1.29"],
+        # Microsoft Foundry with Entra ID tokens (login "azure"). 1.19 is the
+        # oldest tested; with 1.16 the refresh tests of tests/test_logins_azure.py
+        # fail (a refresh did not reach the identity endpoint, and requests were
+        # refused once the token expired).
+        "azure": ["azure-identity>=1.19"],
         "test": [
             "hypothesis>=6.90",
             # its message threads (tests of twisted_relay.message_threads.model);
@@ -79,6 +84,7 @@ setup(
             # relay's is tested against, its event-stream decoder (the oracle of
             # tests/test_eventstream.py).
             "botocore>=1.35",
+            "azure-identity>=1.19",  # the azure login against the simulated identity endpoint
         ],
     },
     entry_points={
