@@ -98,7 +98,6 @@ login = {{ kind = "google", credentials = "{credentials}" }}
 [upstreams.foundry]
 url = "{url}/anthropic"
 keys = ["{foundry_key}"]
-login = {{ kind = "key", headers = "x-api-key,api-key" }}
 models = {{ "{model}" = "{foundry_model}" }}
 """,
 }
@@ -269,11 +268,11 @@ class Clouds:
                                            if "Predict" in r.path and "count-tokens" not in r.path]
 
     def _foundry(self, reactor, upstream, folder, keep):
-        from twisted_relay.simulated.foundry import SimulatedFoundry
+        from twisted_relay.simulated.foundry import Deployment, SimulatedFoundry
 
-        foundry = SimulatedFoundry(upstream, api_keys=(FOUNDRY_KEY,),
-                                   deployments={PLATFORM_MODELS["foundry"]: MODEL})
-        return foundry.resource(), lambda: [r for r in upstream.requests
+        foundry = SimulatedFoundry(upstream, keys=(FOUNDRY_KEY,), keep_requests=keep,
+                                   deployments={PLATFORM_MODELS["foundry"]: Deployment(MODEL)})
+        return foundry.resource(), lambda: [r for r in foundry.requests
                                             if r.path.startswith("/anthropic/v1/messages") and "count" not in r.path]
 
     def _write_service_account(self, folder: str) -> None:
@@ -332,7 +331,6 @@ async def run_session(reactor, *, cloud: str = "bedrock", turns: int = 300, time
     relay = Relay(config.with_changes(drain_delay=0.0), reactor)
     relay.service.privilegedStartService()
     relay.service.startService()
-    await relay.started()
 
     def between(number):
         """Before turn ``number`` (``switch``: walls go up); with ``None``: the request counts of each upstream."""
@@ -363,7 +361,7 @@ async def run_session(reactor, *, cloud: str = "bedrock", turns: int = 300, time
         "duplicate_ids": sum(1 for n in ids.values() if n > 1),
         "streamed_turns": sum(1 for turn in done if turn.streamed),
         "upstreams": {name: own_thinking_back(name, clouds.requests(name), done) for name in names},
-        "order": [name for name, _ in _runs(turn.upstream for turn in done)],
+        "order": [str(name) for name, _ in _runs(turn.upstream for turn in done)],
         "refusals": {name: wall.refusals for name, wall in clouds.walls.items()},
     }
     shutil.rmtree(folder, ignore_errors=True)

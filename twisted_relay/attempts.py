@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
@@ -28,6 +28,7 @@ from twisted_relay.answer import Exchange, note_repairs
 from twisted_relay.bodies import BINDING_BETA, bound_elsewhere, with_beta
 from twisted_relay.body_work import ThreadForm
 from twisted_relay.errors import RelayError
+from twisted_relay.logins import LoginError
 from twisted_relay.routing import CLIENT_GONE, Verdict, judge
 from twisted_relay.upstream import read_body
 from twisted_relay.upstream_headers import upstream_request_headers
@@ -274,13 +275,27 @@ class Attempts:
                 continue
             return response, asked_wait, sent
 
-    def _request(self, client, sent: Sent):
-        """Send ``sent`` through ``client``, the upstream's login put on it first (a signature covers this send)."""
-        headers, login = sent.headers, client.login
-        if login is not None:
-            headers = headers.copy()
-            login.authorize(self._relayed.request.method, client.wire_url(sent.path), headers, sent.body)
-        return client.request(self._relayed.request.method, sent.path, headers, sent.body)
+    def _request(self, client, sent: Sent) -> Deferred:
+        """
+        Send ``sent`` through ``client``, the upstream's login put on it
+        first (a signature covers this send); once the login has its
+        credentials, when it has none yet. A login that cannot get them
+        fails the attempt (502, ``login``: the next target is tried).
+        """
+        method, login = self._relayed.request.method, client.login
+        if login is None:
+            return client.request(method, sent.path, sent.headers, sent.body)
+
+        def send(_):
+            headers = sent.headers.copy()
+            login.authorize(method, client.wire_url(sent.path), headers, sent.body)
+            return client.request(method, sent.path, headers, sent.body)
+
+        def not_logged_in(failure):
+            failure.trap(LoginError)
+            raise RelayError(502, "The relay could not log in to the upstream: %s" % (failure.value,), kind="login")
+
+        return login.ready().addCallbacks(send, not_logged_in)
 
     def _may_drop_blocks(self, sent: Sent) -> bool:
         """Recovery is on and the body sent may take ``drop_block`` (:func:`~twisted_relay.bodies.droppable`)."""

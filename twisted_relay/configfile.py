@@ -304,7 +304,7 @@ def _upstream_tables(path, tables, environ, folder) -> tuple[Upstream, ...]:
                 "%s: upstreams.%s must be a table, [upstreams.%s]" % (path, _shown_name(name), _shown_name(name))
             )
         where.only(table, _UPSTREAM_KEYS)
-        cloud = _cloud_settings(where, table)
+        cloud = _cloud_settings(where, table, environ, folder)
         if "url" not in table:
             url = cloud_base_url(cloud["wire"], cloud["region"])
             if url is None:
@@ -334,7 +334,7 @@ def _upstream_tables(path, tables, environ, folder) -> tuple[Upstream, ...]:
     return tuple(upstreams)
 
 
-def _cloud_settings(where: _Table, table: dict) -> dict:
+def _cloud_settings(where: _Table, table: dict, environ, folder) -> dict:
     """An upstream's wire, login and cloud settings (``docs/clouds.md``), as :class:`Upstream`'s fields."""
     wire = table.get("wire", "anthropic")
     if wire not in _WIRES:
@@ -358,7 +358,7 @@ def _cloud_settings(where: _Table, table: dict) -> dict:
     settings["service_tier"] = tier
     settings["models"] = _string_pairs(where, "models", table.get("models"), None)
     settings["headers"] = _string_pairs(where, "headers", table.get("headers"), _HEADER_NAME)
-    settings["login"] = _login(where, table.get("login"))
+    settings["login"] = _login(where, table.get("login"), environ, folder)
     return settings
 
 
@@ -375,8 +375,12 @@ def _string_pairs(where: _Table, key: str, value, names) -> tuple[tuple[str, str
     return tuple(value.items())
 
 
-def _login(where: _Table, value) -> LoginSpec | None:
-    """``login = { kind = "...", ... }``: never a secret itself (``env:VAR`` and ``file:PATH`` name them)."""
+def _login(where: _Table, value, environ, folder) -> LoginSpec | None:
+    """
+    ``login = { kind = "...", ... }``: names of environment variables and
+    files, never a secret itself, but for a key login's ``key``, read from
+    its source here as the key pool's are (``env:VAR``, ``file:PATH``).
+    """
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("kind") not in _LOGINS:
@@ -387,6 +391,8 @@ def _login(where: _Table, value) -> LoginSpec | None:
             continue
         if not isinstance(option, str) or not option.isprintable():
             raise where.error("login " + _shown_name(name), "must be a string")
+        if value["kind"] == "key" and name == "key":
+            option = _key(where, "login key", option, environ, folder)
         options.append((name, option))
     return LoginSpec(value["kind"], tuple(options))
 

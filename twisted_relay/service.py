@@ -71,10 +71,23 @@ _log = Logger()
 
 
 class _UpstreamPoolService(Service):
-    """Closes the upstream connection pools when the relay stops (those of the running configuration)."""
+    """
+    Starts the upstreams' logins (their credentials kept fresh from then
+    on) and closes the upstream connection pools when the relay stops
+    (those of the running configuration).
+    """
+
+    log = Logger()
 
     def __init__(self, relay: "Relay"):
         self._relay = relay
+
+    def startService(self):
+        Service.startService(self)
+        # A login that cannot get its credentials now fails its requests
+        # (502, the next target tried) and tries again on its own.
+        self._relay.clients.start_logins().addErrback(
+            lambda failure: self.log.error("Upstream login failed: {reason}", reason=str(failure.value)))
 
     def stopService(self):
         Service.stopService(self)

@@ -33,13 +33,75 @@ def login_for(upstream, reactor, threads: LoginThreads) -> Login | None:
     """
     The :class:`Login` of ``upstream`` (its ``login`` setting), not started;
     ``None`` when it has none (its key pool goes in ``x-api-key``, or the
-    client's own credentials pass).
+    client's own credentials pass). ``docs/clouds.md`` lists each kind's options.
+
+    :raises LoginError: the login cannot be made (a library missing, an
+        environment variable not set); one line, no secret.
     """
     spec = upstream.login
     if spec is None:
         return None
-    if spec.kind == "google":
-        from twisted_relay.logins.google import GoogleLogin
+    where = "upstream %s: " % (upstream.name,)
+    make = _LOGIN_MAKERS.get(spec.kind)
+    if make is None:
+        raise LoginError("%sunknown login %r (known: %s)" % (where, spec.kind, ", ".join(LOGINS)))
+    try:
+        return make(upstream, spec, reactor, threads)
+    except LoginError as e:
+        raise LoginError(where + str(e)) from None
 
-        return GoogleLogin(reactor, threads, credentials_file=spec.option("credentials"))
-    raise LoginError("upstream %s: unknown login %r (known: %s)" % (upstream.name, spec.kind, ", ".join(LOGINS)))
+
+def _variable(value: str | None) -> str | None:
+    """The environment variable an option names (``env:NAME``, or the bare name)."""
+    if value is None:
+        return None
+    return value[4:] if value.startswith("env:") else value
+
+
+def _aws(upstream, spec, reactor, threads) -> Login:
+    from twisted_relay.logins.aws import AwsSigV4Login, chain_source, environment_keys_source
+
+    if spec.option("access-key-id") or spec.option("secret-access-key"):
+        source = environment_keys_source(
+            reactor, threads, _variable(spec.option("access-key-id", "AWS_ACCESS_KEY_ID")),
+            _variable(spec.option("secret-access-key", "AWS_SECRET_ACCESS_KEY")),
+            _variable(spec.option("session-token")),
+        )
+    else:
+        source = chain_source(reactor, threads, spec.option("profile"))
+    return AwsSigV4Login(reactor, source, spec.option("service", "bedrock"), upstream.region or "")
+
+
+def _bedrock_api_key(upstream, spec, reactor, threads) -> Login:
+    from twisted_relay.logins.aws import BedrockApiKeyLogin
+
+    return BedrockApiKeyLogin.from_environment(_variable(spec.option("key", "AWS_BEARER_TOKEN_BEDROCK")))
+
+
+def _google(upstream, spec, reactor, threads) -> Login:
+    from twisted_relay.logins.google import GoogleLogin
+
+    return GoogleLogin(reactor, threads, credentials_file=spec.option("credentials"))
+
+
+def _azure(upstream, spec, reactor, threads) -> Login:
+    from twisted_relay.logins.azure import AzureLogin
+
+    return AzureLogin(reactor, threads, identity=spec.option("identity", "default"),
+                      client_id=spec.option("client-id"))
+
+
+def _key(upstream, spec, reactor, threads) -> Login:
+    from twisted_relay.logins.keys import KeyLogin
+
+    key = spec.option("key")
+    if not key:
+        raise LoginError('a key login needs key = "env:VAR", "file:PATH" or the key')
+    names = [name.strip() for name in spec.option("headers", "x-api-key").split(",") if name.strip()]
+    try:
+        return KeyLogin(key, names)
+    except ValueError as e:
+        raise LoginError(str(e)) from None
+
+
+_LOGIN_MAKERS = {"aws": _aws, "bedrock-api-key": _bedrock_api_key, "google": _google, "azure": _azure, "key": _key}

@@ -211,20 +211,14 @@ class AwsSigV4Login(Login):
         if not region:
             raise LoginError("an AWS login needs a region")
         self._reactor = reactor
-        self._source = source
+        self.source = source
         self._signer = SigV4Signer(service, region)
 
     def __repr__(self) -> str:
-        return "AwsSigV4Login(%r, %r, %s)" % (self._signer.service, self._signer.region, self._source.describe)
+        return "AwsSigV4Login(%r, %r, %s)" % (self._signer.service, self._signer.region, self.source.describe)
 
-    def start(self):
-        return self._source.start()
 
-    def stop(self) -> None:
-        self._source.stop()
 
-    def refresh(self):
-        return self._source.refresh()
 
     def authorize(
         self, method: bytes, url: str, headers: Headers, body: bytes | None, body_sha256: str | None = None
@@ -240,9 +234,9 @@ class AwsSigV4Login(Login):
             (off the reactor, say, where the body was made): the hash is
             most of a large body's signing cost.
         """
-        credentials = self._source.current
+        credentials = self.source.current
         if credentials is None:
-            raise LoginError("%s: none fetched yet" % (self._source.describe,))
+            raise LoginError("%s: none fetched yet" % (self.source.describe,))
         keys: AwsKeys = credentials.value
         for name in _SIGNATURE_HEADERS:
             headers.removeHeader(name)

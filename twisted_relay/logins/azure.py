@@ -35,7 +35,6 @@ import os
 import re
 from typing import Any, Mapping
 
-from twisted.internet.defer import Deferred
 from twisted.web.http_headers import Headers
 
 from twisted_relay.logins.base import Credentials, CredentialSource, Login, LoginError, LoginThreads
@@ -146,7 +145,7 @@ class AzureLogin(Login):
                 raise LoginError(
                     "%s: %s not set" % (self.describe, " and ".join("$" + name for name in missing))
                 )
-        self._source = CredentialSource(reactor, threads, self._fetch, self.describe, margin)
+        self.source = CredentialSource(reactor, threads, self._fetch, self.describe, margin)
 
     def __repr__(self) -> str:
         return "AzureLogin(identity=%r, scope=%r, client_id=%r)" % (self._identity, self._scope, self._client_id)
@@ -188,27 +187,19 @@ class AzureLogin(Login):
 
     # -- on the reactor ---------------------------------------------------
 
-    def start(self) -> Deferred:
-        """Fetch the first token; fails with a one-line :class:`LoginError`."""
-        return self._source.start()
-
     def stop(self) -> None:
         """Stop refreshing, and close the connections of the credential the login built."""
-        self._source.stop()
+        Login.stop(self)
         credential = self._credential
         if self._owns_credential and credential is not None:
             self._credential = None
             # Closes its HTTP sessions' sockets: no waiting.
             credential.close()
 
-    def refresh(self) -> Deferred:
-        """The upstream refused the token: fetch one now."""
-        return self._source.refresh()
-
     @property
     def expires_at(self) -> float | None:
         """When the token in force expires (Unix time), ``None`` before the first."""
-        current = self._source.current
+        current = self.source.current
         return None if current is None else current.expires_at
 
     def authorize(self, method: bytes, url: str, headers: Headers, body: bytes | None) -> None:
@@ -217,7 +208,7 @@ class AzureLogin(Login):
 
         :raises LoginError: no token was fetched yet (:meth:`start` first).
         """
-        current = self._source.current
+        current = self.source.current
         if current is None:
             raise LoginError("%s: no token yet" % (self.describe,))
         clear_credentials(headers)

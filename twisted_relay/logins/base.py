@@ -131,8 +131,35 @@ class CredentialSource:
         return self._current
 
     def start(self) -> Deferred:
-        """Fetch the first credentials; fails with :class:`LoginError` when they cannot be had."""
+        """
+        Keep the credentials fresh from now on: fetch them (fails with
+        :class:`LoginError` when they cannot be had), or, when
+        :meth:`fetch_now` got them a moment ago, schedule their refresh.
+        """
         self._stopped = False
+        current = self._current
+        if current is not None and (current.expires_at is None
+                                    or current.expires_at - self._reactor.seconds() > self._margin):
+            self._schedule(current)
+            return succeed(None)
+        return self.refresh()
+
+    def fetch_now(self) -> None:
+        """
+        Fetch the credentials here and now, blocking (at start, before the
+        relay listens or runs its reactor: the start check of its logins).
+
+        :raises LoginError: when they cannot be had (one line, no secret).
+        """
+        try:
+            self._current = self._fetch()
+        except Exception as e:
+            raise LoginError("%s: %s" % (self.describe, _one_line(Failure(e)))) from None
+
+    def ready(self) -> Deferred:
+        """Fires once credentials are in force (at once when they are); fails as :meth:`refresh` does."""
+        if self._current is not None:
+            return succeed(None)
         return self.refresh()
 
     def stop(self) -> None:
@@ -205,17 +232,35 @@ class Login:
     """
 
     name = "none"
+    #: Where its credentials come from (:class:`CredentialSource`); ``None``: nothing to fetch.
+    source: CredentialSource | None = None
+
+    def check(self) -> None:
+        """
+        Get the credentials now, blocking: the relay's start check, before it
+        listens (:mod:`twisted_relay.start_checks`).
+
+        :raises LoginError: when they cannot be had.
+        """
+        if self.source is not None:
+            self.source.fetch_now()
 
     def start(self) -> Deferred:
-        """Get the first credentials (at the relay's start, before it listens)."""
-        return succeed(None)
+        """Keep the credentials fresh from now on (fetching them, unless :meth:`check` just did)."""
+        return succeed(None) if self.source is None else self.source.start()
+
+    def ready(self) -> Deferred:
+        """Fires once credentials are in force: a request sent before waits for it."""
+        return succeed(None) if self.source is None else self.source.ready()
 
     def stop(self) -> None:
         """Stop refreshing."""
+        if self.source is not None:
+            self.source.stop()
 
     def refresh(self) -> Deferred:
         """The upstream refused the credentials as expired: fetch new ones now."""
-        return succeed(None)
+        return succeed(None) if self.source is None else self.source.refresh()
 
     def authorize(self, method: bytes, url: str, headers: Headers, body: bytes | None) -> None:
         """

@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime
 from typing import Any, Sequence
 
-from twisted.internet.defer import Deferred
 from twisted.web.http_headers import Headers
 
 from twisted_relay.logins.base import DEFAULT_MARGIN, Credentials, CredentialSource, Login, LoginError, LoginThreads
@@ -194,14 +193,8 @@ class GoogleLogin(Login):
         current = self.source.current
         return None if current is None else current.value.project
 
-    def start(self) -> Deferred:
-        return self.source.start()
 
-    def stop(self) -> None:
-        self.source.stop()
 
-    def refresh(self) -> Deferred:
-        return self.source.refresh()
 
     def authorize(self, method: bytes, url: str, headers: Headers, body: bytes | None) -> None:
         current = self.source.current
