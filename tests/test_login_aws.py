@@ -44,6 +44,9 @@ from twisted_relay.logins.aws import (
 )
 from twisted_relay.logins.base import Credentials, CredentialSource, LoginError, LoginThreads
 from twisted_relay.redact import is_sensitive_header
+from twisted_relay.simulated.bedrock import SimulatedBedrock
+from twisted_relay.simulated.bedrock_auth import AwsCredential
+from twisted_relay.simulated.resource import SimulatedUpstream
 from twisted_relay.upstream import UpstreamClient
 
 from tests.test_logins import InlineThreads
@@ -91,6 +94,7 @@ def static_source(clock, keys: AwsKeys, expires_at=None) -> CredentialSource:
     return CredentialSource(clock, InlineThreads(), lambda: Credentials(keys, expires_at), "test keys")
 
 
+ARN_PROFILE = "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/hq2of259skzs"
 KEYS = AwsKeys("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "session-token-of-test/+=")
 SECRETS = {KEYS.access_key_id: KEYS.secret_access_key}
 
@@ -709,3 +713,71 @@ class OnTheWireTests(TestCase):
         await readBody(await client.request(b"POST", PATHS[0], headers, b'{"a":2}'))
         method, url, received, body = self.recorder.received[0]
         self.assertRaises(AssertionError, verify_with_botocore, method, url, received, body, SECRETS)
+
+
+class AgainstSimulatedBedrockTests(TestCase):
+    """
+    The logins against the simulated Bedrock (which checks a signature as
+    AWS does, by botocore signing the request again), over 127.0.0.1 through
+    the relay's own UpstreamClient, the URL signed as ``wire_url`` gives it.
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(time.time())
+        self.sim = SimulatedBedrock(
+            SimulatedUpstream(thinking_secret="bedrock-login-test"),
+            access_keys={
+                "ASIASIMLOGIN": AwsCredential("sim-temporary-secret", "sim-session-token", time.time() + 3600),
+                "ASIASIMEXPIRED": AwsCredential("sim-expired-secret", "sim-expired-token", time.time() - 1),
+            },
+            api_keys={"bedrock-api-key-sim-login": "123456789012"},
+            application_profiles={ARN_PROFILE: "us.anthropic.claude-haiku-4-5-20251001-v1:0"},
+        )
+        self.client = UpstreamClient(reactor, "http://127.0.0.1:%d" % (serve(self, self.sim.resource()),))
+        self.addCleanup(self.client.close)
+
+    async def invoke(self, login, model_path: str):
+        path = "/model/%s/invoke" % (model_path,)
+        body = json.dumps(
+            {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]}
+        ).encode()
+        headers = Headers({b"content-type": [b"application/json"], b"accept": [b"application/json"]})
+        login.authorize(b"POST", self.client.wire_url(path), headers, body)
+        response = await self.client.request(b"POST", path, headers, body)
+        return response.code, json.loads(await readBody(response)), response
+
+    def sigv4(self, keys: AwsKeys) -> AwsSigV4Login:
+        login = AwsSigV4Login(self.clock, static_source(self.clock, keys), "bedrock", "us-east-1")
+        self.successResultOf(login.start())
+        return login
+
+    async def test_sigv4_accepted_for_every_model_form(self):
+        """A system profile with ``:0``, a global profile, an application profile ARN (``%2F``): each accepted."""
+        login = self.sigv4(AwsKeys("ASIASIMLOGIN", "sim-temporary-secret", "sim-session-token"))
+        for model_path in (
+            "us.anthropic.claude-haiku-4-5-20251001-v1:0",
+            "global.anthropic.claude-opus-4-6-v1",
+            ARN_PROFILE.replace("/", "%2F"),
+        ):
+            code, answer, _ = await self.invoke(login, model_path)
+            self.assertEqual(code, 200, (model_path, answer))
+            self.assertTrue(answer["id"].startswith("msg_bdrk_"), answer)
+
+    async def test_expired_and_wrong_keys_refused_as_aws_does(self):
+        """Expired credentials: 403 ExpiredTokenException (what makes the relay fetch again); a wrong secret: a signature mismatch."""
+        code, answer, response = await self.invoke(
+            self.sigv4(AwsKeys("ASIASIMEXPIRED", "sim-expired-secret", "sim-expired-token")), "global.anthropic.claude-opus-4-6-v1"
+        )
+        self.assertEqual(code, 403)
+        self.assertEqual(response.headers.getRawHeaders(b"x-amzn-errortype")[0].split(b":")[0], b"ExpiredTokenException")
+        code, answer, response = await self.invoke(
+            self.sigv4(AwsKeys("ASIASIMLOGIN", "not-the-secret", "sim-session-token")), "global.anthropic.claude-opus-4-6-v1"
+        )
+        self.assertEqual(code, 403)
+        self.assertEqual(response.headers.getRawHeaders(b"x-amzn-errortype")[0].split(b":")[0], b"InvalidSignatureException")
+
+    async def test_api_key(self):
+        """The Bedrock API key as a bearer token is accepted."""
+        code, answer, _ = await self.invoke(BedrockApiKeyLogin("bedrock-api-key-sim-login"), "global.anthropic.claude-opus-4-6-v1")
+        self.assertEqual(code, 200, answer)
