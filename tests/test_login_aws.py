@@ -664,14 +664,14 @@ class OnTheWireTests(TestCase):
                 self.assertNotIn(never, names)
 
     async def test_through_the_relays_upstream_client(self):
-        """The relay's own UpstreamClient (treq over PooledAgent), the URL signed as url_for() gives it."""
+        """The relay's own UpstreamClient (treq over PooledAgent), the URL signed as wire_url() gives it."""
         client = UpstreamClient(reactor, self.base)
         self.addCleanup(client.close)
         sent = []
         for number, path in enumerate(PATHS):
             body = b'{"max_tokens":16,"n":%d,"text":"caf\xc3\xa9"}' % (number,)
             headers = self.request_headers()
-            self.login.authorize(b"POST", client.url_for(path), headers, body)
+            self.login.authorize(b"POST", client.wire_url(path), headers, body)
             response = await client.request(b"POST", path, headers, body)
             await readBody(response)
             sent.append((path, body))
@@ -698,7 +698,7 @@ class OnTheWireTests(TestCase):
         self.addCleanup(client.close)
         headers = self.request_headers()
         headers.addRawHeader(b"content-type", b"application/json")
-        self.login.authorize(b"POST", client.url_for(PATHS[0]), headers, b"{}")
+        self.login.authorize(b"POST", client.wire_url(PATHS[0]), headers, b"{}")
         await readBody(await client.request(b"POST", PATHS[0], headers, b"{}"))
         received = self.recorder.received[0][2]
         self.assertEqual(received.getRawHeaders(b"content-type"), [b"application/json", b"application/json"])
@@ -709,7 +709,7 @@ class OnTheWireTests(TestCase):
         client = UpstreamClient(reactor, self.base)
         self.addCleanup(client.close)
         headers = self.request_headers()
-        self.login.authorize(b"POST", client.url_for(PATHS[0]), headers, b'{"a":1}')
+        self.login.authorize(b"POST", client.wire_url(PATHS[0]), headers, b'{"a":1}')
         await readBody(await client.request(b"POST", PATHS[0], headers, b'{"a":2}'))
         method, url, received, body = self.recorder.received[0]
         self.assertRaises(AssertionError, verify_with_botocore, method, url, received, body, SECRETS)
