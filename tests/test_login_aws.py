@@ -37,6 +37,7 @@ from twisted_relay.logins.aws import (
     AwsKeys,
     AwsSigV4Login,
     BedrockApiKeyLogin,
+    aws_login,
     chain_fetch,
     chain_source,
     environment_keys_source,
@@ -296,6 +297,40 @@ class BedrockApiKeyLoginTests(SynchronousTestCase):
         self.assertEqual(headers.getRawHeaders(b"authorization"), [b"Bearer the-key"])
 
 
+class AwsLoginSettingsTests(SynchronousTestCase):
+    """aws_login: the source an upstream's settings name, and one-line errors for those that cannot work."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.threads = InlineThreads()
+
+    def test_key_variables_or_the_chain(self):
+        """Both key variables named: keys from them; none: the chain (a profile, else the default)."""
+        login = aws_login(self.clock, self.threads, "us-east-1", "bedrock", None, "TR_AKID", "TR_SECRET", "TR_TOKEN")
+        self.assertIn("AWS keys from $TR_AKID, $TR_SECRET, $TR_TOKEN", repr(login))
+        login = aws_login(self.clock, self.threads, "eu-west-1", "bedrock-mantle", "work")
+        self.assertEqual(
+            repr(login), "AwsSigV4Login('bedrock-mantle', 'eu-west-1', AWS credentials from the standard chain (profile work))"
+        )
+        login = aws_login(self.clock, self.threads, "us-west-2", "aws-external-anthropic")
+        self.assertIn("(the default profile)", repr(login))
+
+    def test_settings_that_cannot_work(self):
+        """Each refused in one line that says why."""
+        cases = [
+            ((None,), "an AWS login needs a region"),
+            (("us-east-1", "bedrock-runtime"), "unknown AWS signing name 'bedrock-runtime'"),
+            (("us-east-1", "bedrock", None, "TR_AKID"), "need both the access key id's and the secret's variable"),
+            (("us-east-1", "bedrock", None, None, "TR_SECRET"), "need both the access key id's and the secret's variable"),
+            (("us-east-1", "bedrock", "work", "TR_AKID", "TR_SECRET"), "either a profile or key variables, not both"),
+            (("us-east-1", "bedrock", None, None, None, "TR_TOKEN"), "a session token's variable needs"),
+        ]
+        for arguments, words in cases:
+            error = self.assertRaises(LoginError, aws_login, self.clock, self.threads, *arguments)
+            self.assertIn(words, str(error))
+            self.assertNotIn("\n", str(error))
+
+
 class BlockedImport:
     """Makes ``import botocore`` fail for one test, as where it is not installed."""
 
@@ -326,6 +361,7 @@ class WithoutBotocoreTests(SynchronousTestCase):
             str(error), "AWS credentials from the standard chain need botocore: pip install 'twisted-relay[aws]'"
         )
         self.assertRaises(LoginError, chain_source, Clock(), InlineThreads())
+        self.assertRaises(LoginError, aws_login, Clock(), InlineThreads(), "us-east-1")
 
     def test_environment_keys_need_no_botocore(self):
         """Keys from named environment variables sign without botocore."""
