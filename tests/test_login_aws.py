@@ -376,6 +376,8 @@ class WithoutBotocoreTests(SynchronousTestCase):
         login.authorize(b"POST", "https://bedrock-runtime.us-east-1.amazonaws.com/x", headers, b"")
         self.assertTrue(headers.getRawHeaders(b"authorization")[0].startswith(b"AWS4-HMAC-SHA256 Credential=AKIDFROMENV/"))
         self.assertIsNone(source.current.expires_at)
+        login = aws_login(clock, InlineThreads(), "us-east-1", "bedrock", None, "TR_TEST_AKID", "TR_TEST_SECRET")
+        self.successResultOf(login.start())
 
     def test_environment_keys_missing(self):
         """A named variable that is not set: the error names it (and shows no value)."""
