@@ -37,6 +37,7 @@ from twisted_relay.logins.aws import (
     AwsKeys,
     AwsSigV4Login,
     BedrockApiKeyLogin,
+    aws_login,
     chain_fetch,
     chain_source,
     environment_keys_source,
@@ -44,6 +45,9 @@ from twisted_relay.logins.aws import (
 )
 from twisted_relay.logins.base import Credentials, CredentialSource, LoginError, LoginThreads
 from twisted_relay.redact import is_sensitive_header
+from twisted_relay.simulated.bedrock import SimulatedBedrock
+from twisted_relay.simulated.bedrock_auth import AwsCredential
+from twisted_relay.simulated.resource import SimulatedUpstream
 from twisted_relay.upstream import UpstreamClient
 
 from tests.test_logins import InlineThreads
@@ -91,6 +95,7 @@ def static_source(clock, keys: AwsKeys, expires_at=None) -> CredentialSource:
     return CredentialSource(clock, InlineThreads(), lambda: Credentials(keys, expires_at), "test keys")
 
 
+ARN_PROFILE = "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/hq2of259skzs"
 KEYS = AwsKeys("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "session-token-of-test/+=")
 SECRETS = {KEYS.access_key_id: KEYS.secret_access_key}
 
@@ -292,6 +297,40 @@ class BedrockApiKeyLoginTests(SynchronousTestCase):
         self.assertEqual(headers.getRawHeaders(b"authorization"), [b"Bearer the-key"])
 
 
+class AwsLoginSettingsTests(SynchronousTestCase):
+    """aws_login: the source an upstream's settings name, and one-line errors for those that cannot work."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.threads = InlineThreads()
+
+    def test_key_variables_or_the_chain(self):
+        """Both key variables named: keys from them; none: the chain (a profile, else the default)."""
+        login = aws_login(self.clock, self.threads, "us-east-1", "bedrock", None, "TR_AKID", "TR_SECRET", "TR_TOKEN")
+        self.assertIn("AWS keys from $TR_AKID, $TR_SECRET, $TR_TOKEN", repr(login))
+        login = aws_login(self.clock, self.threads, "eu-west-1", "bedrock-mantle", "work")
+        self.assertEqual(
+            repr(login), "AwsSigV4Login('bedrock-mantle', 'eu-west-1', AWS credentials from the standard chain (profile work))"
+        )
+        login = aws_login(self.clock, self.threads, "us-west-2", "aws-external-anthropic")
+        self.assertIn("(the default profile)", repr(login))
+
+    def test_settings_that_cannot_work(self):
+        """Each refused in one line that says why."""
+        cases = [
+            ((None,), "an AWS login needs a region"),
+            (("us-east-1", "bedrock-runtime"), "unknown AWS signing name 'bedrock-runtime'"),
+            (("us-east-1", "bedrock", None, "TR_AKID"), "need both the access key id's and the secret's variable"),
+            (("us-east-1", "bedrock", None, None, "TR_SECRET"), "need both the access key id's and the secret's variable"),
+            (("us-east-1", "bedrock", "work", "TR_AKID", "TR_SECRET"), "either a profile or key variables, not both"),
+            (("us-east-1", "bedrock", None, None, None, "TR_TOKEN"), "a session token's variable needs"),
+        ]
+        for arguments, words in cases:
+            error = self.assertRaises(LoginError, aws_login, self.clock, self.threads, *arguments)
+            self.assertIn(words, str(error))
+            self.assertNotIn("\n", str(error))
+
+
 class BlockedImport:
     """Makes ``import botocore`` fail for one test, as where it is not installed."""
 
@@ -322,6 +361,7 @@ class WithoutBotocoreTests(SynchronousTestCase):
             str(error), "AWS credentials from the standard chain need botocore: pip install 'twisted-relay[aws]'"
         )
         self.assertRaises(LoginError, chain_source, Clock(), InlineThreads())
+        self.assertRaises(LoginError, aws_login, Clock(), InlineThreads(), "us-east-1")
 
     def test_environment_keys_need_no_botocore(self):
         """Keys from named environment variables sign without botocore."""
@@ -336,6 +376,8 @@ class WithoutBotocoreTests(SynchronousTestCase):
         login.authorize(b"POST", "https://bedrock-runtime.us-east-1.amazonaws.com/x", headers, b"")
         self.assertTrue(headers.getRawHeaders(b"authorization")[0].startswith(b"AWS4-HMAC-SHA256 Credential=AKIDFROMENV/"))
         self.assertIsNone(source.current.expires_at)
+        login = aws_login(clock, InlineThreads(), "us-east-1", "bedrock", None, "TR_TEST_AKID", "TR_TEST_SECRET")
+        self.successResultOf(login.start())
 
     def test_environment_keys_missing(self):
         """A named variable that is not set: the error names it (and shows no value)."""
@@ -660,14 +702,14 @@ class OnTheWireTests(TestCase):
                 self.assertNotIn(never, names)
 
     async def test_through_the_relays_upstream_client(self):
-        """The relay's own UpstreamClient (treq over PooledAgent), the URL signed as url_for() gives it."""
+        """The relay's own UpstreamClient (treq over PooledAgent), the URL signed as wire_url() gives it."""
         client = UpstreamClient(reactor, self.base)
         self.addCleanup(client.close)
         sent = []
         for number, path in enumerate(PATHS):
             body = b'{"max_tokens":16,"n":%d,"text":"caf\xc3\xa9"}' % (number,)
             headers = self.request_headers()
-            self.login.authorize(b"POST", client.url_for(path), headers, body)
+            self.login.authorize(b"POST", client.wire_url(path), headers, body)
             response = await client.request(b"POST", path, headers, body)
             await readBody(response)
             sent.append((path, body))
@@ -694,7 +736,7 @@ class OnTheWireTests(TestCase):
         self.addCleanup(client.close)
         headers = self.request_headers()
         headers.addRawHeader(b"content-type", b"application/json")
-        self.login.authorize(b"POST", client.url_for(PATHS[0]), headers, b"{}")
+        self.login.authorize(b"POST", client.wire_url(PATHS[0]), headers, b"{}")
         await readBody(await client.request(b"POST", PATHS[0], headers, b"{}"))
         received = self.recorder.received[0][2]
         self.assertEqual(received.getRawHeaders(b"content-type"), [b"application/json", b"application/json"])
@@ -705,7 +747,75 @@ class OnTheWireTests(TestCase):
         client = UpstreamClient(reactor, self.base)
         self.addCleanup(client.close)
         headers = self.request_headers()
-        self.login.authorize(b"POST", client.url_for(PATHS[0]), headers, b'{"a":1}')
+        self.login.authorize(b"POST", client.wire_url(PATHS[0]), headers, b'{"a":1}')
         await readBody(await client.request(b"POST", PATHS[0], headers, b'{"a":2}'))
         method, url, received, body = self.recorder.received[0]
         self.assertRaises(AssertionError, verify_with_botocore, method, url, received, body, SECRETS)
+
+
+class AgainstSimulatedBedrockTests(TestCase):
+    """
+    The logins against the simulated Bedrock (which checks a signature as
+    AWS does, by botocore signing the request again), over 127.0.0.1 through
+    the relay's own UpstreamClient, the URL signed as ``wire_url`` gives it.
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.clock.advance(time.time())
+        self.sim = SimulatedBedrock(
+            SimulatedUpstream(thinking_secret="bedrock-login-test"),
+            access_keys={
+                "ASIASIMLOGIN": AwsCredential("sim-temporary-secret", "sim-session-token", time.time() + 3600),
+                "ASIASIMEXPIRED": AwsCredential("sim-expired-secret", "sim-expired-token", time.time() - 1),
+            },
+            api_keys={"bedrock-api-key-sim-login": "123456789012"},
+            application_profiles={ARN_PROFILE: "us.anthropic.claude-haiku-4-5-20251001-v1:0"},
+        )
+        self.client = UpstreamClient(reactor, "http://127.0.0.1:%d" % (serve(self, self.sim.resource()),))
+        self.addCleanup(self.client.close)
+
+    async def invoke(self, login, model_path: str):
+        path = "/model/%s/invoke" % (model_path,)
+        body = json.dumps(
+            {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]}
+        ).encode()
+        headers = Headers({b"content-type": [b"application/json"], b"accept": [b"application/json"]})
+        login.authorize(b"POST", self.client.wire_url(path), headers, body)
+        response = await self.client.request(b"POST", path, headers, body)
+        return response.code, json.loads(await readBody(response)), response
+
+    def sigv4(self, keys: AwsKeys) -> AwsSigV4Login:
+        login = AwsSigV4Login(self.clock, static_source(self.clock, keys), "bedrock", "us-east-1")
+        self.successResultOf(login.start())
+        return login
+
+    async def test_sigv4_accepted_for_every_model_form(self):
+        """A system profile with ``:0``, a global profile, an application profile ARN (``%2F``): each accepted."""
+        login = self.sigv4(AwsKeys("ASIASIMLOGIN", "sim-temporary-secret", "sim-session-token"))
+        for model_path in (
+            "us.anthropic.claude-haiku-4-5-20251001-v1:0",
+            "global.anthropic.claude-opus-4-6-v1",
+            ARN_PROFILE.replace("/", "%2F"),
+        ):
+            code, answer, _ = await self.invoke(login, model_path)
+            self.assertEqual(code, 200, (model_path, answer))
+            self.assertTrue(answer["id"].startswith("msg_bdrk_"), answer)
+
+    async def test_expired_and_wrong_keys_refused_as_aws_does(self):
+        """Expired credentials: 403 ExpiredTokenException (what makes the relay fetch again); a wrong secret: a signature mismatch."""
+        code, answer, response = await self.invoke(
+            self.sigv4(AwsKeys("ASIASIMEXPIRED", "sim-expired-secret", "sim-expired-token")), "global.anthropic.claude-opus-4-6-v1"
+        )
+        self.assertEqual(code, 403)
+        self.assertEqual(response.headers.getRawHeaders(b"x-amzn-errortype")[0].split(b":")[0], b"ExpiredTokenException")
+        code, answer, response = await self.invoke(
+            self.sigv4(AwsKeys("ASIASIMLOGIN", "not-the-secret", "sim-session-token")), "global.anthropic.claude-opus-4-6-v1"
+        )
+        self.assertEqual(code, 403)
+        self.assertEqual(response.headers.getRawHeaders(b"x-amzn-errortype")[0].split(b":")[0], b"InvalidSignatureException")
+
+    async def test_api_key(self):
+        """The Bedrock API key as a bearer token is accepted."""
+        code, answer, _ = await self.invoke(BedrockApiKeyLogin("bedrock-api-key-sim-login"), "global.anthropic.claude-opus-4-6-v1")
+        self.assertEqual(code, 200, answer)

@@ -32,6 +32,7 @@ __all__ = [
     "AwsKeys",
     "AwsSigV4Login",
     "BedrockApiKeyLogin",
+    "aws_login",
     "chain_fetch",
     "chain_source",
     "environment_keys_fetch",
@@ -248,6 +249,41 @@ class AwsSigV4Login(Login):
             method, url, headers.getAllRawHeaders(), body, keys.access_key_id, keys.secret_access_key, date, body_sha256
         )
         headers.setRawHeaders(b"authorization", [signature])
+
+
+def aws_login(
+    reactor,
+    threads: LoginThreads,
+    region: str | None,
+    service: str = "bedrock",
+    profile: str | None = None,
+    access_key_id_env: str | None = None,
+    secret_access_key_env: str | None = None,
+    session_token_env: str | None = None,
+) -> AwsSigV4Login:
+    """
+    An upstream's SigV4 login, not started: keys from the named environment
+    variables when the access key id's and the secret's are both named (no
+    botocore needed), else botocore's standard chain (``profile``, else the
+    default). One-line :class:`LoginError` for a setting that cannot work:
+    one key variable without the other, a profile beside key variables, no
+    region, an unknown signing name, the chain without botocore.
+    """
+    if service not in AWS_SERVICES:
+        raise LoginError("unknown AWS signing name %r (one of: %s)" % (service, ", ".join(AWS_SERVICES)))
+    if not region:
+        raise LoginError("an AWS login needs a region")
+    if (access_key_id_env is None) != (secret_access_key_env is None):
+        raise LoginError("AWS keys from the environment need both the access key id's and the secret's variable")
+    if access_key_id_env is not None:
+        if profile is not None:
+            raise LoginError("an AWS login takes either a profile or key variables, not both")
+        source = environment_keys_source(reactor, threads, access_key_id_env, secret_access_key_env, session_token_env)
+    elif session_token_env is not None:
+        raise LoginError("a session token's variable needs the access key id's and the secret's too")
+    else:
+        source = chain_source(reactor, threads, profile)
+    return AwsSigV4Login(reactor, source, service, region)
 
 
 class BedrockApiKeyLogin(Login):
