@@ -354,7 +354,9 @@ async def run_session(reactor, *, cloud: str = "bedrock", turns: int = 300, time
             else:
                 os.environ[name] = value
     ids = Counter(i for turn in done for i in turn.tool_ids)
+    registry = relay.metrics.registry
     figures = {
+        "ids_renamed": registry.get_sample_value("relay_ids_rewritten_total", {"block_type": "tool_use"}) or 0,
         "cloud": cloud, "turns": len(done), "turns_asked": turns, "seconds": round(seconds, 1),
         "failed_turns": sum(1 for turn in done if turn.error is not None),
         "errors": ["turn %d (%s): %s" % (turn.number, turn.upstream, turn.error) for turn in done if turn.error][:5],
@@ -386,7 +388,8 @@ def print_figures(figures: dict) -> None:
     print("failed turns: %d" % (figures["failed_turns"],))
     for line in figures["errors"]:
         print("  " + line)
-    print("duplicate tool-use ids seen by the client: %d" % (figures["duplicate_ids"],))
+    print("duplicate tool-use ids seen by the client: %d (the relay renamed %d reused ones)" % (
+        figures["duplicate_ids"], figures["ids_renamed"]))
     for name, f in figures["upstreams"].items():
         print("%s: %d turns served, %d answers with thinking; own thinking back at every turn: %s "
               "(%d turns missing %d of its %d blocks)" % (

@@ -59,17 +59,13 @@ def _variable(value: str | None) -> str | None:
 
 
 def _aws(upstream, spec, reactor, threads) -> Login:
-    from twisted_relay.logins.aws import AwsSigV4Login, chain_source, environment_keys_source
+    from twisted_relay.logins.aws import aws_login
 
-    if spec.option("access-key-id") or spec.option("secret-access-key"):
-        source = environment_keys_source(
-            reactor, threads, _variable(spec.option("access-key-id", "AWS_ACCESS_KEY_ID")),
-            _variable(spec.option("secret-access-key", "AWS_SECRET_ACCESS_KEY")),
-            _variable(spec.option("session-token")),
-        )
-    else:
-        source = chain_source(reactor, threads, spec.option("profile"))
-    return AwsSigV4Login(reactor, source, spec.option("service", "bedrock"), upstream.region or "")
+    return aws_login(
+        reactor, threads, upstream.region, spec.option("service", "bedrock"), spec.option("profile"),
+        _variable(spec.option("access-key-id")), _variable(spec.option("secret-access-key")),
+        _variable(spec.option("session-token")),
+    )
 
 
 def _bedrock_api_key(upstream, spec, reactor, threads) -> Login:

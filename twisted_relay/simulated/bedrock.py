@@ -47,6 +47,7 @@ from twisted_relay.simulated.bedrock_rules import (
     BedrockModel,
     Resolved,
     check_body,
+    foreign_ids,
     from_anthropic,
     resolve_model,
     to_anthropic,
@@ -233,7 +234,7 @@ class SimulatedBedrock:
         if self.max_input_tokens is not None and count_tokens(anthropic) > self.max_input_tokens:
             raise validation("Input is too long for requested model.")
         message, turn = _call_model(lambda: self.upstream.answer_turn(anthropic, inner_headers))
-        return from_anthropic(message), anthropic, turn
+        return from_anthropic(message, foreign_ids(body.get("messages"))), anthropic, turn
 
     def next_http_fault(self) -> BedrockError | None:
         """The HTTP error the next request gets, if one was asked for."""

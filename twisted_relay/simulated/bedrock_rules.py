@@ -41,6 +41,7 @@ __all__ = [
     "BedrockModel",
     "Resolved",
     "check_body",
+    "foreign_ids",
     "from_anthropic",
     "resolve_model",
     "to_anthropic",
@@ -352,9 +353,27 @@ def to_anthropic(body: dict) -> dict:
     return dict(body, messages=_swap_ids(body["messages"], "toolu_" + _PLATFORM, "toolu_"))
 
 
-def from_anthropic(message: dict) -> dict:
+def foreign_ids(messages: Any) -> frozenset:
+    """The tool ids of a request's history that Bedrock did not make (another platform's, a client's)."""
+    found = set()
+    for message in messages if isinstance(messages, list) else ():
+        for block in blocks_of(message) or ():
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                value = block.get("id")
+                if isinstance(value, str) and not value.startswith("toolu_" + _PLATFORM):
+                    found.add(value)
+    return frozenset(found)
+
+
+def from_anthropic(message: dict, foreign: frozenset = frozenset()) -> dict:
     """The fake model's answer with Bedrock's ids: ``msg_bdrk_...``,
     ``toolu_bdrk_...`` (an id it copied from the history is rewritten the
-    same way, so it stays a copy)."""
-    [content] = _swap_ids([{"content": message["content"]}], "toolu_", "toolu_" + _PLATFORM)
-    return dict(message, id=_swap(message["id"], "msg_", "msg_" + _PLATFORM), content=content["content"])
+    same way, so it stays a copy; a copy of a ``foreign`` id, one Bedrock did
+    not make, stays as it was: prefixed, it would be read back as one of
+    Bedrock's own and could meet its twin)."""
+    content = []
+    for block in message["content"]:
+        if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id") not in foreign:
+            block = dict(block, id=_swap(block.get("id"), "toolu_", "toolu_" + _PLATFORM))
+        content.append(block)
+    return dict(message, id=_swap(message["id"], "msg_", "msg_" + _PLATFORM), content=content)

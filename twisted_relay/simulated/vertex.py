@@ -61,6 +61,7 @@ __all__ = [
     "MULTI_REGIONS",
     "VERTEX_BETAS",
     "SimulatedVertex",
+    "foreign_ids",
     "from_vertex_ids",
     "to_vertex_ids",
     "vertex_model_ids",
@@ -158,15 +159,33 @@ def _swap_ids(value: Any, old: str, new: str) -> Any:
     return swapped
 
 
-def to_vertex_ids(message: dict) -> dict:
+def to_vertex_ids(message: dict, foreign: frozenset = frozenset()) -> dict:
     """An answer of the fake model with Vertex's ids (``msg_vrtx_``,
-    ``toolu_vrtx_``)."""
+    ``toolu_vrtx_``); a copy of a ``foreign`` id (one Vertex did not make)
+    stays as it was: prefixed, it would be read back as one of Vertex's own
+    and could meet its twin."""
     answer = dict(message)
     if isinstance(answer.get("id"), str) and answer["id"].startswith("msg_"):
         answer["id"] = "msg_vrtx_" + answer["id"][4:]
     if "content" in answer:
-        answer["content"] = _swap_ids(answer["content"], "toolu_", "toolu_vrtx_")
+        answer["content"] = [
+            block if isinstance(block, dict) and block.get("id") in foreign else _swap_ids(block, "toolu_", "toolu_vrtx_")
+            for block in answer["content"]
+        ]
     return answer
+
+
+def foreign_ids(messages: Any) -> frozenset:
+    """The tool ids of a request's history that Vertex did not make."""
+    found = set()
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                value = block.get("id")
+                if isinstance(value, str) and not value.startswith("toolu_vrtx_"):
+                    found.add(value)
+    return frozenset(found)
 
 
 def from_vertex_ids(messages: Any) -> Any:
@@ -443,6 +462,7 @@ class _VertexResource(Resource):
         if len(raw) > MAX_BODY:
             raise Rejection(413, "request_too_large", "Request exceeds the maximum allowed number of bytes.")
         version = vertex.check_body(body, headers, counting)
+        foreign = foreign_ids(body.get("messages"))
         plain, seen = vertex.upstream_request(body, headers, version, None if counting else model)
         upstream = vertex.upstream
         request.setHeader(b"request-id", request_id.encode("ascii"))
@@ -451,17 +471,18 @@ class _VertexResource(Resource):
             return to_json(upstream.count(plain, seen))
         message, turn = upstream.answer_turn(plain, seen)
         if plain.get("stream") is True:
-            return self._stream(request, message, plain, turn, request_id)
+            return self._stream(request, message, plain, turn, request_id, foreign)
         if turn is not None:
             turn.answered(message)
         upstream.reported.add(plain, message, message["usage"], stream=False, whole=True)
-        return to_json(to_vertex_ids(message))
+        return to_json(to_vertex_ids(message, foreign))
 
-    def _stream(self, request: IRequest, message: dict, body: dict, turn, request_id: str) -> int:
+    def _stream(self, request: IRequest, message: dict, body: dict, turn, request_id: str,
+                foreign: frozenset = frozenset()) -> int:
         upstream = self._vertex.upstream
         cut = upstream.cuts_stream(message)
         drop = not cut and upstream.drops_stream(message)
-        plan = upstream.stream_plan(to_vertex_ids(message), cut=cut, drop=drop, request_id=request_id)
+        plan = upstream.stream_plan(to_vertex_ids(message, foreign), cut=cut, drop=drop, request_id=request_id)
         request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
         request.setHeader(b"cache-control", b"no-cache")
         writer = PacedWriter(request, plan.pieces, upstream.reactor, drop=plan.drop)
