@@ -8,6 +8,7 @@ process and in a body worker alike.
 from __future__ import annotations
 
 import base64
+import os
 
 import ujson
 from twisted.internet import reactor
@@ -256,3 +257,74 @@ class WorkerFormTests(TestCase):
         here = prepare(body, raw, None, UpstreamRules(), None, False, 0, form)
         self.assertEqual(prepared.body, here.body)
         self.assertNotIn(b'"model"', prepared.body)
+
+
+class ConfigTests(SynchronousTestCase):
+    """A cloud upstream's settings, as a worker process gets them (JSON) and as the file gives them."""
+
+    def test_round_trip(self):
+        """``to_dict``/``from_dict`` (how ``--workers`` hands the configuration over) keep every cloud setting."""
+        import json
+
+        from twisted_relay.config import LoginSpec, RelayConfig
+
+        upstream = Upstream("b", BEDROCK.url, wire="bedrock", region="us-east-1", service_tier="priority",
+                            login=LoginSpec("aws", (("profile", "prod"),)), models=(("claude-opus-4-6", "global.x"),),
+                            headers=(("anthropic-workspace-id", "wrkspc_1"),), anthropic_version="bedrock-2023-05-31")
+        config = RelayConfig(upstreams=(upstream,))
+        again = RelayConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+        self.assertEqual(again.upstreams, (upstream,))
+        hash(again.upstreams[0])
+        self.assertNotIn("prod", repr(again.upstreams[0].login))
+
+    def test_file(self):
+        """An ``[upstreams.NAME]`` table of each cloud, and the mistakes refused in one line."""
+        from twisted_relay.configfile import ConfigFileError, load
+
+        folder = self.mktemp()
+        os.makedirs(folder)
+        path = os.path.join(folder, "relay.toml")
+
+        def read(text: str):
+            with open(path, "w") as f:
+                f.write(text)
+            return load(path, {}, environ={"FOUNDRY_KEY": "foundry-secret"})
+
+        settings = read('''
+[upstreams.bedrock]
+wire = "bedrock"
+region = "eu-west-1"
+login = { kind = "aws", profile = "prod" }
+models = { "claude-opus-4-6" = "eu.anthropic.claude-opus-4-6-v1" }
+service-tier = "flex"
+
+[upstreams.vertex]
+wire = "vertex"
+project = "p1"
+region = "us"
+login = { kind = "google" }
+
+[upstreams.foundry]
+url = "https://res.services.ai.azure.com/anthropic"
+login = { kind = "key", key = "env:FOUNDRY_KEY", headers = "x-api-key,api-key" }
+''')
+        bedrock, vertex, foundry = settings.upstreams
+        self.assertEqual(bedrock.url, "https://bedrock-runtime.eu-west-1.amazonaws.com")
+        self.assertEqual(bedrock.platform_model("claude-opus-4-6"), "eu.anthropic.claude-opus-4-6-v1")
+        self.assertEqual(bedrock.platform_model("claude-haiku-4-5"), "claude-haiku-4-5")
+        self.assertEqual(bedrock.service_tier, "flex")
+        self.assertEqual(vertex.url, "https://aiplatform.us.rep.googleapis.com")
+        self.assertEqual(foundry.login.option("key"), "foundry-secret")
+        self.assertNotIn("foundry-secret", repr(settings))
+        for table, words in (
+            ('wire = "bedrock"', "region"),
+            ('wire = "vertex"\nregion = "global"', "project"),
+            ('wire = "smoke-signals"\nurl = "https://x"', "wire"),
+            ('url = "https://x"\nlogin = { kind = "magic" }', "login"),
+            ('url = "https://x"\nservice-tier = "gold"', "service-tier"),
+            ('url = "https://x"\nheaders = { "bad header" = "v" }', "headers"),
+        ):
+            with self.assertRaises(ConfigFileError) as caught:
+                read("[upstreams.u]\n" + table + "\n")
+            self.assertIn(words, str(caught.exception))
+            self.assertEqual(len(str(caught.exception).splitlines()), 1)

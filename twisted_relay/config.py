@@ -142,6 +142,10 @@ class Upstream:
         return "Upstream(%s, keys=<%d>)" % (shown, len(self.keys))
 
 
+#: The options of a login that may hold a secret itself (rather than name it: ``env:VAR``).
+_SECRET_OPTIONS = frozenset({"key", "secret-access-key", "session-token"})
+
+
 @dataclass(frozen=True)
 class LoginSpec:
     """
@@ -499,8 +503,12 @@ class RelayConfig:
     def secrets(self) -> tuple[str, ...]:
         """Every key this configuration holds, for redaction."""
         pools = tuple(key for upstream in self.upstreams for key in upstream.keys)
+        logins = tuple(
+            value for upstream in self.upstreams if upstream.login is not None
+            for name, value in upstream.login.options if name in _SECRET_OPTIONS and not value.startswith("env:")
+        )
         relay_keys = tuple(relay_key.key for relay_key in self.relay_keys + self.admin_keys)
-        return tuple(dict.fromkeys(s for s in pools + relay_keys if s))
+        return tuple(dict.fromkeys(s for s in pools + logins + relay_keys if s))
 
     def to_dict(self) -> dict:
         """Every setting as plain JSON-able values (keys included: keep it private)."""
@@ -508,7 +516,7 @@ class RelayConfig:
         for name in ("relay_keys", "admin_keys"):
             values[name] = [{"key": k.key, "name": k.name, "group": k.group} for k in getattr(self, name)]
         values["prices"] = self.prices.to_dict()
-        values["upstreams"] = [{f.name: getattr(u, f.name) for f in fields(u)} for u in self.upstreams]
+        values["upstreams"] = [_upstream_to_dict(u) for u in self.upstreams]
         values["routes"] = [
             {
                 "targets": [{"upstream": t.upstream, "model": t.model} for t in route.targets],
@@ -527,10 +535,7 @@ class RelayConfig:
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         if "prices" in values:
             values["prices"] = PriceTable.from_dict(values["prices"])
-        upstreams = tuple(
-            Upstream(**{k: tuple(v) if isinstance(v, list) else v for k, v in u.items()})
-            for u in values.pop("upstreams", ())
-        )
+        upstreams = tuple(_upstream_from_dict(u) for u in values.pop("upstreams", ()))
         routes = tuple(
             Route(
                 targets=tuple(Target(**t) for t in r["targets"]),
@@ -542,6 +547,25 @@ class RelayConfig:
             for r in values.pop("routes", ())
         )
         return cls(upstreams=upstreams, routes=routes, **values)
+
+
+def _upstream_to_dict(upstream: Upstream) -> dict:
+    """An upstream as plain JSON-able values (its keys and login included: keep it private)."""
+    values = {f.name: getattr(upstream, f.name) for f in fields(upstream)}
+    login = upstream.login
+    values["login"] = None if login is None else {"kind": login.kind, "options": [list(o) for o in login.options]}
+    return values
+
+
+def _upstream_from_dict(values: dict) -> Upstream:
+    """The upstream :func:`_upstream_to_dict` described."""
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    for name in ("models", "headers"):
+        values[name] = tuple(tuple(pair) for pair in values.get(name, ()))
+    login = values.get("login")
+    if login is not None:
+        values["login"] = LoginSpec(login["kind"], tuple(tuple(option) for option in login["options"]))
+    return Upstream(**values)
 
 
 def _relay_key(value) -> RelayKey:

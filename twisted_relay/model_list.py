@@ -49,14 +49,16 @@ def wire_model_ids(config: RelayConfig, route) -> tuple[str, ...] | None:
     """
     The model ids the relay lists itself when ``route`` (the one that
     answers ``GET /v1/models``) sends it first to an upstream whose wire has
-    no Models API (Bedrock, Vertex): the models every such upstream's model
-    map names, in file order (``()`` when none names one); ``None`` when the
-    upstream lists its own.
+    no Models API (Bedrock, Vertex) or that has a model map (Foundry's
+    deployments): the models every such upstream's model map names, in file
+    order (``()`` when none names one); ``None`` when the upstream lists its
+    own.
     """
     first = config.upstream_named(route.targets[0].upstream)
-    if first.wire == "anthropic":
+    if first.wire == "anthropic" and not first.models:
         return None
-    ids = [asked for upstream in config.upstreams if upstream.wire != "anthropic" for asked, _ in upstream.models]
+    ids = [asked for upstream in config.upstreams if upstream.wire != "anthropic" or upstream.models
+           for asked, _ in upstream.models]
     return tuple(dict.fromkeys(ids))
 
 

@@ -36,7 +36,7 @@ from twisted_relay.ledger import Ledger
 from twisted_relay.ledger_sql import LedgerError, open_ledger
 from twisted_relay.metrics import RelayMetrics, SharedMetricsFolder
 from twisted_relay.routing import Router
-from twisted_relay.settings import ListenCheck, ReloadResult, SettingsError, reload_config
+from twisted_relay.settings import SIMULATED_CLOUDS, ListenCheck, ReloadResult, SettingsError, reload_config
 from twisted_relay.site import RelaySite
 from twisted_relay.upstream import UpstreamClient, UpstreamClients, display_url
 from twisted_relay.workers import ReusePortListener, WorkerProcesses, shareable
@@ -113,12 +113,15 @@ class _SimulatedUpstreamService(Service):
 
     log = Logger()
 
-    def __init__(self, reactor, client: UpstreamClient, mode: str, options: dict):
+    def __init__(self, reactor, client: UpstreamClient, mode: str, options: dict, cloud=None):
         from twisted_relay.simulated import SimulatedUpstream
 
         self._reactor = reactor
         self._client = client
-        self._site = RelaySite(SimulatedUpstream(mode=mode, reactor=reactor, **options).resource())
+        # A simulated cloud (--simulate bedrock...), or the Anthropic API in ``mode``.
+        self._cloud = cloud
+        simulator = cloud if cloud is not None else SimulatedUpstream(mode=mode, reactor=reactor, **options)
+        self._site = RelaySite(simulator.resource())
         self._site.noisy = False
         self._port = None
         self.mode = mode
@@ -131,7 +134,7 @@ class _SimulatedUpstreamService(Service):
         def listening(port):
             self._port = port
             url = "http://127.0.0.1:%d" % (port.getHost().port,)
-            self._client.base_url = url
+            self._client.base_url = url if self._cloud is None else self._cloud.listening(url)
             self.log.info(
                 "Simulated upstream ({mode}) listening at {url}", mode=self.mode, url=url
             )
@@ -141,6 +144,8 @@ class _SimulatedUpstreamService(Service):
 
     def stopService(self):
         Service.stopService(self)
+        if self._cloud is not None:
+            self._cloud.close()
         if self._port is not None:
             return self._port.stopListening()
 
@@ -328,6 +333,13 @@ class Relay:
     ):
         if reactor is None:
             from twisted.internet import reactor
+        self._cloud = None
+        if config.simulate in SIMULATED_CLOUDS and not worker:
+            # The one upstream is a simulated cloud's: its wire, login and model map.
+            from twisted_relay.simulated.clouds import SimulatedCloud
+
+            self._cloud = SimulatedCloud(config.simulate, reactor, dict(config.simulate_options))
+            config = config.with_changes(upstreams=(self._cloud.upstream(config.upstreams[0]),))
         self.config = config
         self._reactor = reactor
         self._worker = worker
@@ -397,7 +409,7 @@ class Relay:
             self.ledger.setServiceParent(self.service)
         if config.simulate:
             _SimulatedUpstreamService(
-                reactor, self.client, config.simulate, dict(config.simulate_options)
+                reactor, self.client, config.simulate, dict(config.simulate_options), self._cloud
             ).setServiceParent(self.service)
         site = RelaySite.for_config(self.app.resource(), config)
         shared = []

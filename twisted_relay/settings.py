@@ -104,8 +104,9 @@ PARAMETERS = [
         "simulate",
         None,
         None,
-        "Run the embedded simulated upstream in this mode (strict, stateful or lenient) "
-        "and relay to it: no key and no network needed.",
+        "Run the embedded simulated upstream in this mode (strict, stateful or lenient), or a "
+        "simulated cloud (bedrock, vertex or foundry: its wire and login), and relay to it: "
+        "no key and no network needed.",
     ],
     ["total-timeout", None, "0", "Seconds a request may take end to end, stream included (0: no limit)."],
     ["request-read-timeout", None, "120", "Seconds a client may take to send a whole request (0: no limit)."],
@@ -222,7 +223,9 @@ FLAGS = [
 #: until the relay is started again.
 RELOADED_SETTINGS = ("upstreams", "routes", "breaker_failures", "breaker_cooldown", "key_rest", "prices")
 
-_SIMULATED_MODES = ("strict", "stateful", "lenient")
+#: The simulated clouds ``--simulate`` also runs (twisted_relay.simulated.clouds.CLOUDS).
+SIMULATED_CLOUDS = ("bedrock", "vertex", "foundry")
+_SIMULATED_MODES = ("strict", "stateful", "lenient") + SIMULATED_CLOUDS
 # The values of --simulate-threads and --simulate-api, as the simulated upstream
 # names them (twisted_relay.simulated, which uses Twisted; a test keeps them the same).
 _SIMULATED_THREAD_MODES = ("ignore", "rejects", "knows")

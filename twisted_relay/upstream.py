@@ -514,7 +514,10 @@ class UpstreamClients:
         listens; after a reload, for the upstreams it made anew). Fails with
         the first :class:`~twisted_relay.logins.LoginError`.
         """
-        started = [client.login.start() for client in self._clients.values() if client.login is not None]
+        # The embedded simulated cloud's login starts when first asked: its
+        # URL (and its token endpoint) is known once it listens.
+        started = [client.login.start() for client in self._clients.values()
+                   if client.login is not None and client.base_url is not None]
         return DeferredList(started, fireOnOneErrback=True, consumeErrors=True).addErrback(_first_failure)
 
     def close(self) -> Deferred:

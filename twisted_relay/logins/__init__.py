@@ -59,8 +59,15 @@ def _variable(value: str | None) -> str | None:
 
 
 def _aws(upstream, spec, reactor, threads) -> Login:
-    from twisted_relay.logins.aws import aws_login
+    from twisted_relay.logins.aws import AwsKeys, AwsSigV4Login, aws_login
 
+    key_id = spec.option("access-key-id")
+    if key_id is not None and not key_id.startswith("env:"):
+        # Keys written in the file itself (the simulated clouds' made-up ones;
+        # real ones belong in the environment, named with env:).
+        keys = AwsKeys(key_id, spec.option("secret-access-key") or "", spec.option("session-token"))
+        source = CredentialSource(reactor, threads, lambda: Credentials(keys), "AWS keys from the configuration")
+        return AwsSigV4Login(reactor, source, spec.option("service", "bedrock"), upstream.region or "")
     return aws_login(
         reactor, threads, upstream.region, spec.option("service", "bedrock"), spec.option("profile"),
         _variable(spec.option("access-key-id")), _variable(spec.option("secret-access-key")),
