@@ -39,6 +39,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from twisted.internet import defer, task
@@ -71,6 +72,9 @@ FOUNDRY_KEY = "simulated-foundry-key-0001"
 ANTHROPIC_KEY = "sk-sim-anthropic-key-0001"
 PROJECT = "sim-project"
 SERVICE_ACCOUNT = "relay@sim-project.iam.gserviceaccount.com"
+#: Where the Bedrock upstream's login reads its keys (``env:`` in its login table).
+LOGIN_ENVIRON = {"SIM_AWS_ACCESS_KEY_ID": AWS_KEY_ID, "SIM_AWS_SECRET_ACCESS_KEY": AWS_SECRET,
+                 "SIM_AWS_SESSION_TOKEN": AWS_TOKEN}
 
 UPSTREAM_TABLES = {
     "anthropic": """
@@ -303,6 +307,31 @@ class Clouds:
     async def stop(self) -> None:
         for port in self._ports:
             await port.stopListening()
+
+
+@contextmanager
+def login_environment():
+    """:data:`LOGIN_ENVIRON` in ``os.environ`` while it lasts; the variables as they were after."""
+    former = {name: os.environ.get(name) for name in LOGIN_ENVIRON}
+    os.environ.update(LOGIN_ENVIRON)
+    try:
+        yield
+    finally:
+        for name, value in former.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def start_relay(reactor, config_file: str) -> tuple[Relay, str]:
+    """The relay ``twistd relay --config config_file`` serves, started on a free 127.0.0.1 port; and its URL."""
+    port = free_port()
+    config = read_settings({"listen": ["tcp:%d:interface=127.0.0.1" % (port,)]}, config_file)
+    relay = Relay(config.with_changes(drain_delay=0.0), reactor)
+    relay.service.privilegedStartService()
+    relay.service.startService()
+    return relay, "http://127.0.0.1:%d" % (port,)
 
 
 _WALLS = {
