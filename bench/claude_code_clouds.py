@@ -257,7 +257,7 @@ def _dumps(folder: str) -> list[dict]:
         with open(path, encoding="utf-8") as f:
             dump = json.load(f)
         found.append({"status": dump.get("status"), "message": (dump.get("error") or {}).get("message"),
-                      "upstream": dump.get("upstream")})
+                      "upstream": dump.get("upstream"), "upstream_request_id": dump.get("upstream_request_id")})
     return found
 
 

@@ -76,8 +76,8 @@ class ClaudeCodeCloudTests(TestCase):
         # beta flag" names none, the relay passes it on with its words, and the CLI sends the request again
         # without that beta: once per CLI process, dumped each time.
         self.assertLessEqual(figures["refused_betas_sent"], ROUNDS)
-        self.assertEqual(figures["dumps"], [{"status": 400, "message": BEDROCK_BETA_REFUSAL, "upstream": "bedrock"}]
-                         * figures["refused_betas_sent"])
+        self.assertEqual([(d["status"], d["message"], d["upstream"]) for d in figures["dumps"]],
+                         [(400, BEDROCK_BETA_REFUSAL, "bedrock")] * figures["refused_betas_sent"])
 
     async def test_vertex(self):
         """rawPredict with a service account's token; the betas Vertex refuses by name learned once and dropped."""
