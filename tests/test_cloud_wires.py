@@ -14,6 +14,7 @@ import time
 import treq
 import ujson
 from twisted.internet import reactor
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 from twisted.web.server import Site
@@ -113,16 +114,25 @@ class BedrockWireTests(TestCase):
         tools = [dict(TOOLS[0], eager_input_streaming=True)]
         response, content = await self.post(body("claude-haiku-4-5", tools=tools))
         self.assertEqual(response.code, 400, content)
-        error = ujson.loads(content)["error"]
+        refused = ujson.loads(content)
+        error = refused["error"]
         self.assertEqual(error["type"], "invalid_request_error")
         self.assertIn("eager_input_streaming", error["message"])
         self.assertIn("Extra inputs are not permitted", error["message"])
         # The same field on a model that takes it passes.
         response, content = await self.post(body("claude-opus-4-6", tools=tools))
         self.assertEqual(response.code, 200, content)
-        await self.served.relay.dumps.flush() if hasattr(self.served.relay.dumps, "flush") else None
-        dumped = [name for _, _, names in os.walk(self.dumps) for name in names]
-        self.assertTrue(dumped, "the 400 was not dumped")
+        dumped = []
+        for _ in range(100):
+            dumped = [os.path.join(where, name) for where, _, names in os.walk(self.dumps) for name in names]
+            if dumped:
+                break
+            await deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(len(dumped), 1, "the 400 was not dumped")
+        with open(dumped[0]) as f:
+            dump = json.load(f)
+        # Bedrock's own id of the refusal, to quote to AWS.
+        self.assertEqual(dump["upstream_request_id"], refused["request_id"])
 
     async def test_tool_search_passes(self):
         """A field Bedrock accepts is never stripped: tool search's defer_loading (litellm #26113) saves tokens."""

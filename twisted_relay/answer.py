@@ -251,8 +251,7 @@ class Exchange:
         """The dump of this exchange refused with ``response`` (its body ``answer``)."""
         return DumpRequest(
             relay_request_id=self.request_id,
-            upstream_request_id=(response.headers.getRawHeaders(b"request-id") or [b""])[0].decode("latin-1")
-            or None,
+            upstream_request_id=_upstream_request_id(response.headers),
             received_at=self.received_at,
             upstream_url=self.url,
             status=response.code,
@@ -530,6 +529,19 @@ class Answer:
         dumps = self._context.dumps
         if dumps is not None:
             dumps.submit(self._exchange.dump(self._response, answer, stream_error))
+
+
+# Where an upstream names its request: Anthropic's API (and Vertex), Bedrock, Azure's gateway.
+_REQUEST_ID_HEADERS = (b"request-id", b"x-amzn-requestid", b"apim-request-id")
+
+
+def _upstream_request_id(headers: Headers) -> str | None:
+    """The upstream's id of its answer, under the name its platform gives it."""
+    for name in _REQUEST_ID_HEADERS:
+        values = headers.getRawHeaders(name)
+        if values and values[0]:
+            return values[0].decode("latin-1")
+    return None
 
 
 def _session_id(headers: Headers) -> str | None:
