@@ -11,6 +11,7 @@ Also the pure rules: windows, the binding cap, the headers.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -281,6 +282,101 @@ class SpendLimitTests(TestCase):
         calls = Calls(self.served.url, ADMIN.key)
         answer = await self.call(calls.message)
         self.assertEqual(answer.status_code, 401)
+
+    async def admin_request(self, method: str, path: str, body: bytes | None = None, **headers):
+        """An admin route asked with exactly ``headers`` (``_`` for ``-`` in names): its status and error type."""
+        response = await treq.request(
+            method, self.served.url + path, data=body,
+            headers={name.replace("_", "-"): value for name, value in headers.items()}, persistent=False,
+        )
+        answer = await response.json()
+        return response.code, answer["error"]["type"] if answer.get("type") == "error" else answer
+
+    BASIC = "Basic " + base64.b64encode(b"ops:" + ADMIN.key.encode()).decode()
+    SET_BODY = json.dumps({"scope": {"type": "organization"}, "period": "daily", "amount": "0"}).encode()
+    LIMITS = "/v1/organizations/spend_limits"
+
+    async def amounts(self) -> list[str]:
+        return [each.amount for each in await self.call(lambda: list(self.limits.list()))]
+
+    async def test_admin_writes_take_only_json_bodies(self):
+        """
+        A cross-site form can post text/plain (whose body may be JSON),
+        urlencoded or multipart bodies, never application/json: a write
+        takes only the last (415 otherwise, the admin key notwithstanding).
+        """
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+            headers = {"x_api_key": ADMIN.key}
+            if content_type is not None:
+                headers["content_type"] = content_type
+            self.assertEqual(
+                await self.admin_request("POST", self.LIMITS, self.SET_BODY, **headers), (415, "invalid_request_error"), content_type
+            )
+        self.assertEqual(await self.amounts(), [])
+        status, limit = await self.admin_request(
+            "POST", self.LIMITS, self.SET_BODY, x_api_key=ADMIN.key, content_type="Application/JSON; charset=utf-8"
+        )
+        self.assertEqual((status, limit["amount"]), (200, "0"))
+
+    async def test_basic_credentials_open_reads_not_writes(self):
+        """
+        A browser keeps the Basic credentials it opened the usage page with
+        and sends them with any request to the relay: they open the reads,
+        never a write (401, without asking the browser for Basic credentials).
+        """
+        response = await treq.post(
+            self.served.url + self.LIMITS, self.SET_BODY, persistent=False,
+            headers={"authorization": self.BASIC, "content-type": "application/json"},
+        )
+        self.assertEqual(response.code, 401)
+        self.assertEqual((await response.json())["error"]["type"], "authentication_error")
+        self.assertNotIn(b"Basic", b"".join(response.headers.getRawHeaders(b"www-authenticate", [])))
+        self.assertEqual(await self.amounts(), [])
+        limit = await self.call(self.limits.set, amount="500", period="daily", scope={"type": "organization"})
+        self.assertEqual(
+            await self.admin_request("DELETE", self.LIMITS + "/" + limit.id, authorization=self.BASIC), (401, "authentication_error")
+        )
+        self.assertEqual(await self.amounts(), ["500"])
+        status, listed = await self.admin_request("GET", self.LIMITS, authorization=self.BASIC)
+        self.assertEqual((status, [each["amount"] for each in listed["data"]]), (200, ["500"]))
+        status, one = await self.admin_request("GET", self.LIMITS + "/" + limit.id, authorization=self.BASIC)
+        self.assertEqual((status, one["id"]), (200, limit.id))
+
+    async def test_another_sites_origin_opens_no_admin_route(self):
+        """
+        A request whose Origin is not the relay's own (another host, scheme
+        or port, or "null") is refused on every admin route, the admin key
+        notwithstanding (403); one from the relay's own origin, as its Host
+        header names it, is let in.
+        """
+        limit = await self.call(self.limits.set, amount="500", period="daily", scope={"type": "organization"})
+        own = "http://127.0.0.1:%d" % (self.served.port,)
+        routes = (
+            ("POST", self.LIMITS, self.SET_BODY), ("DELETE", self.LIMITS + "/" + limit.id, None), ("GET", self.LIMITS, None),
+            ("GET", self.LIMITS + "/" + limit.id, None), ("GET", self.LIMITS + "/effective", None), ("GET", "/admin/usage", None),
+        )
+        for origin in ("http://evil.example", "null", own.replace("http:", "https:"), own + "0"):
+            for method, route, data in routes:
+                self.assertEqual(
+                    await self.admin_request(method, route, data, x_api_key=ADMIN.key, content_type="application/json", origin=origin),
+                    (403, "permission_error"), (origin, method, route),
+                )
+        # A cross-site form post with the browser's Basic credentials: refused first for its Origin.
+        self.assertEqual(
+            await self.admin_request(
+                "POST", self.LIMITS, self.SET_BODY, authorization=self.BASIC, content_type="text/plain", origin="http://evil.example"
+            ),
+            (403, "permission_error"),
+        )
+        self.assertEqual(await self.amounts(), ["500"])
+        status, changed = await self.admin_request(
+            "POST", self.LIMITS, self.SET_BODY.replace(b'"0"', b'"700"'), x_api_key=ADMIN.key, content_type="application/json",
+            origin=own,
+        )
+        self.assertEqual((status, changed["amount"]), (200, "700"))
+        page = await treq.get(self.served.url + "/admin/usage", headers={"x-api-key": ADMIN.key, "origin": own}, persistent=False)
+        self.assertEqual(page.code, 200)
+        await page.content()
 
     async def test_no_key_in_logs_metrics_database_or_dumps(self):
         """

@@ -28,7 +28,7 @@ from decimal import Decimal
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from twisted_relay.admin import admin_of
+from twisted_relay.admin import admin_of, json_body_of
 from twisted_relay.errors import RelayError
 from twisted_relay.ledger_sql import LedgerError
 from twisted_relay.spend_limits import (
@@ -267,12 +267,9 @@ def _answer(request, value: dict) -> bytes:
 
 async def set_route(context, request) -> bytes:
     """``POST /v1/organizations/spend_limits``: set the limit of a scope and period."""
-    admin_of(context, request)
+    admin_of(context, request, write=True)
     guard = _guard_of(context)
-    try:
-        body = json.loads(request.content.read() or b"null")
-    except (ValueError, RecursionError):  # (nested past the parser's depth)
-        raise RelayError(400, "The body is not valid JSON.") from None
+    body = json_body_of(request)
     scope_type, scope_id, period, amount = parse_set_body(body)
     limit = await context.ledger.on_database(set_limit, scope_type, scope_id, period, amount)
     guard.know(limit)
@@ -374,7 +371,7 @@ async def retrieve_route(context, request, limit_id: str) -> bytes:
 
 async def delete_route(context, request, limit_id: str) -> bytes:
     """``DELETE /v1/organizations/spend_limits/{id}``: the cap no longer applies."""
-    admin_of(context, request)
+    admin_of(context, request, write=True)
     guard = _guard_of(context)
     if not await context.ledger.on_database(delete_limit, limit_id):
         raise RelayError(404, "No spend limit has the id %r." % (limit_id[:80],))
