@@ -67,6 +67,8 @@ _WAITS = 15
 #: How many shares a request takes at most besides its waits (each used up
 #: by the requests in flight before it came back) before it is refused.
 _MOST_TAKES = 8
+#: Caps a renewal's transaction takes shares of at most.
+_CAPS_A_TAKE = 32
 _HUNDRED = Decimal(100)
 _PICOS = Decimal(10) ** 12
 
@@ -409,8 +411,9 @@ class SpendGuard(Service):
             else:
                 # Given back now: no request goes through on it meanwhile.
                 del self._shares[(limit_id, start)]
-        if chosen:
-            self._start_taking(chosen, keep)
+        # A transaction locks each of its caps: a few dozen at a time (PostgreSQL's lock table is bounded).
+        for first in range(0, len(chosen), _CAPS_A_TAKE):
+            self._start_taking(chosen[first:first + _CAPS_A_TAKE], keep[first:first + _CAPS_A_TAKE])
 
     def _start_taking(self, caps: list[tuple[SpendLimit, float]], keep: list[bool]) -> None:
         """One transaction for the shares of ``caps`` (``keep`` false: give it back), with this relay's rows not written yet."""
