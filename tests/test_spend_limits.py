@@ -11,6 +11,7 @@ Also the pure rules: windows, the binding cap, the headers.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -282,6 +283,101 @@ class SpendLimitTests(TestCase):
         answer = await self.call(calls.message)
         self.assertEqual(answer.status_code, 401)
 
+    async def admin_request(self, method: str, path: str, body: bytes | None = None, **headers):
+        """An admin route asked with exactly ``headers`` (``_`` for ``-`` in names): its status and error type."""
+        response = await treq.request(
+            method, self.served.url + path, data=body,
+            headers={name.replace("_", "-"): value for name, value in headers.items()}, persistent=False,
+        )
+        answer = await response.json()
+        return response.code, answer["error"]["type"] if answer.get("type") == "error" else answer
+
+    BASIC = "Basic " + base64.b64encode(b"ops:" + ADMIN.key.encode()).decode()
+    SET_BODY = json.dumps({"scope": {"type": "organization"}, "period": "daily", "amount": "0"}).encode()
+    LIMITS = "/v1/organizations/spend_limits"
+
+    async def amounts(self) -> list[str]:
+        return [each.amount for each in await self.call(lambda: list(self.limits.list()))]
+
+    async def test_admin_writes_take_only_json_bodies(self):
+        """
+        A cross-site form can post text/plain (whose body may be JSON),
+        urlencoded or multipart bodies, never application/json: a write
+        takes only the last (415 otherwise, the admin key notwithstanding).
+        """
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+            headers = {"x_api_key": ADMIN.key}
+            if content_type is not None:
+                headers["content_type"] = content_type
+            self.assertEqual(
+                await self.admin_request("POST", self.LIMITS, self.SET_BODY, **headers), (415, "invalid_request_error"), content_type
+            )
+        self.assertEqual(await self.amounts(), [])
+        status, limit = await self.admin_request(
+            "POST", self.LIMITS, self.SET_BODY, x_api_key=ADMIN.key, content_type="Application/JSON; charset=utf-8"
+        )
+        self.assertEqual((status, limit["amount"]), (200, "0"))
+
+    async def test_basic_credentials_open_reads_not_writes(self):
+        """
+        A browser keeps the Basic credentials it opened the usage page with
+        and sends them with any request to the relay: they open the reads,
+        never a write (401, without asking the browser for Basic credentials).
+        """
+        response = await treq.post(
+            self.served.url + self.LIMITS, self.SET_BODY, persistent=False,
+            headers={"authorization": self.BASIC, "content-type": "application/json"},
+        )
+        self.assertEqual(response.code, 401)
+        self.assertEqual((await response.json())["error"]["type"], "authentication_error")
+        self.assertNotIn(b"Basic", b"".join(response.headers.getRawHeaders(b"www-authenticate", [])))
+        self.assertEqual(await self.amounts(), [])
+        limit = await self.call(self.limits.set, amount="500", period="daily", scope={"type": "organization"})
+        self.assertEqual(
+            await self.admin_request("DELETE", self.LIMITS + "/" + limit.id, authorization=self.BASIC), (401, "authentication_error")
+        )
+        self.assertEqual(await self.amounts(), ["500"])
+        status, listed = await self.admin_request("GET", self.LIMITS, authorization=self.BASIC)
+        self.assertEqual((status, [each["amount"] for each in listed["data"]]), (200, ["500"]))
+        status, one = await self.admin_request("GET", self.LIMITS + "/" + limit.id, authorization=self.BASIC)
+        self.assertEqual((status, one["id"]), (200, limit.id))
+
+    async def test_another_sites_origin_opens_no_admin_route(self):
+        """
+        A request whose Origin is not the relay's own (another host, scheme
+        or port, or "null") is refused on every admin route, the admin key
+        notwithstanding (403); one from the relay's own origin, as its Host
+        header names it, is let in.
+        """
+        limit = await self.call(self.limits.set, amount="500", period="daily", scope={"type": "organization"})
+        own = "http://127.0.0.1:%d" % (self.served.port,)
+        routes = (
+            ("POST", self.LIMITS, self.SET_BODY), ("DELETE", self.LIMITS + "/" + limit.id, None), ("GET", self.LIMITS, None),
+            ("GET", self.LIMITS + "/" + limit.id, None), ("GET", self.LIMITS + "/effective", None), ("GET", "/admin/usage", None),
+        )
+        for origin in ("http://evil.example", "null", own.replace("http:", "https:"), own + "0"):
+            for method, route, data in routes:
+                self.assertEqual(
+                    await self.admin_request(method, route, data, x_api_key=ADMIN.key, content_type="application/json", origin=origin),
+                    (403, "permission_error"), (origin, method, route),
+                )
+        # A cross-site form post with the browser's Basic credentials: refused first for its Origin.
+        self.assertEqual(
+            await self.admin_request(
+                "POST", self.LIMITS, self.SET_BODY, authorization=self.BASIC, content_type="text/plain", origin="http://evil.example"
+            ),
+            (403, "permission_error"),
+        )
+        self.assertEqual(await self.amounts(), ["500"])
+        status, changed = await self.admin_request(
+            "POST", self.LIMITS, self.SET_BODY.replace(b'"0"', b'"700"'), x_api_key=ADMIN.key, content_type="application/json",
+            origin=own,
+        )
+        self.assertEqual((status, changed["amount"]), (200, "700"))
+        page = await treq.get(self.served.url + "/admin/usage", headers={"x-api-key": ADMIN.key, "origin": own}, persistent=False)
+        self.assertEqual(page.code, 200)
+        await page.content()
+
     async def test_no_key_in_logs_metrics_database_or_dumps(self):
         """
         After limits set, answers, refusals and an upstream 400 (dumped), no
@@ -416,35 +512,35 @@ class SharedPostgresTests(TestCase):
     async def test_two_relays_share_a_cap(self):
         """
         Requests one after the other, alternating between two relays, stop
-        on both; what was let through after the shared cap was reached all
-        started within one refresh interval plus one flush interval of it.
+        on both; with one request in flight at a time, the spend passes the
+        shared cap by less than one request on each relay (the bound of
+        docs/usage.md, "Several relays, and the overshoot bound";
+        tests/test_spend_shares.py holds it with both relays busy).
         """
         (first, limits), (second, _) = self.relay(), self.relay()
         cap = 5
         await deferToThread(limits.set, amount=str(cap), period="monthly", scope={"type": "organization"})
-        accepted, refused = [], set()
+        # The second relay reads the new cap within its refresh interval.
+        await deferLater(reactor, self.REFRESH * 2, lambda: None)
+        refused = set()
         for n in range(60):
             if len(refused) == 2:
                 break
             served = (first, second)[n % 2]
-            started = time.monotonic()
             answer = await self.message(served, KEYS[n % 3])
             if isinstance(answer, anthropic.APIStatusError):
                 self.assertEqual(answer.status_code, 429)
                 refused.add(served.port)
-            else:
-                accepted.append((started, served.port))
-                # The ledger's running total after this answer (each relay's own rows are written within FLUSH).
-                await deferLater(reactor, self.FLUSH * 3, lambda: None)
-                accepted[-1] += (self.spent_cents(),)
         self.assertEqual(len(refused), 2, "both relays refused in the end")
-        reached = [at for at, _, total in accepted if total >= cap]
-        past = [entry for entry in accepted if reached and entry[0] > reached[0]]
-        bound = self.REFRESH + self.FLUSH * 3 + 0.5
-        for at, port, _ in past:
-            self.assertLessEqual(at - reached[0], bound)
-        overshoot = self.spent_cents() - cap
-        print("\nshared cap %d cents: spent %.4f cents (overshoot %.4f cents, %d requests past the cap)" % (cap, self.spent_cents(), overshoot, len(past)))
+        for served in (first, second):
+            served.relay.app.batch.run()
+            await served.relay.ledger.flush()
+        with postgres_server.psycopg.connect(self.config.usage_db) as connection:
+            costliest = Decimal(connection.execute("SELECT MAX(cost_pico_usd) FROM relay_usage").fetchone()[0]) / Decimal(10**10)
+        spent = self.spent_cents()
+        print("\nshared cap %d cents: spent %.4f cents (overshoot %.4f cents; a request costs up to %.4f)" % (cap, spent, spent - cap, costliest))
+        self.assertGreaterEqual(spent, cap)
+        self.assertLess(spent, cap + 2 * costliest)
 
     async def test_postgres_stopped_keeps_the_last_totals(self):
         """With PostgreSQL stopped, a relay relays on, counting its own usage onto what it last read, until the cap."""
@@ -472,31 +568,36 @@ class SharedPostgresTests(TestCase):
 
 
 class SchemaTests(SynchronousTestCase):
-    """A ledger of schema 1 gains the limits' table when a relay of this version opens it."""
+    """A ledger of schema 1 or 2 gains the limits' and the shares' tables when a relay of this version opens it."""
 
-    def test_upgrade_from_schema_1(self):
+    def test_upgrade_from_schemas_1_and_2(self):
         import sqlite3
 
         from twisted_relay.ledger_sql import SCHEMA_VERSION, open_ledger
         from twisted_relay.spend_limits_sql import all_limits, set_limit
+        from twisted_relay.spend_shares_sql import ShareAsked, take_shares
 
-        folder = self.mktemp()
-        os.makedirs(folder)
-        path = os.path.join(folder, "usage.sqlite")
-        database = open_ledger(path)
-        database.open()
-        database.close()
-        with sqlite3.connect(path) as connection:
-            connection.execute("DROP TABLE relay_spend_limits")
-            connection.execute("UPDATE relay_usage_meta SET value = '1' WHERE name = 'schema_version'")
-        database = open_ledger(path)
-        database.open()
-        limit = set_limit(database, "user", "alice", "daily", 100)
-        self.assertEqual([each.id for each in all_limits(database)], [limit.id])
-        database.close()
-        with sqlite3.connect(path) as connection:
-            found = connection.execute("SELECT value FROM relay_usage_meta WHERE name = 'schema_version'").fetchone()
-        self.assertEqual((SCHEMA_VERSION, found[0]), (2, "2"))
+        for version, dropped in ((1, ("relay_spend_limits", "relay_spend_shares")), (2, ("relay_spend_shares",))):
+            folder = self.mktemp()
+            os.makedirs(folder)
+            path = os.path.join(folder, "usage.sqlite")
+            database = open_ledger(path)
+            database.open()
+            database.close()
+            with sqlite3.connect(path) as connection:
+                for table in dropped:
+                    connection.execute("DROP TABLE %s" % (table,))
+                connection.execute("UPDATE relay_usage_meta SET value = ? WHERE name = 'schema_version'", (str(version),))
+            database = open_ledger(path)
+            database.open()
+            limit = set_limit(database, "user", "alice", "daily", 100)
+            self.assertEqual([each.id for each in all_limits(database)], [limit.id])
+            (taken,) = take_shares(database, "relay-a", [ShareAsked(limit.id, "user", "alice", 0.0, 86400.0, 0)], 10.0)
+            self.assertEqual(taken.share_pico, 25 * 10**10)
+            database.close()
+            with sqlite3.connect(path) as connection:
+                found = connection.execute("SELECT value FROM relay_usage_meta WHERE name = 'schema_version'").fetchone()
+            self.assertEqual((SCHEMA_VERSION, found[0]), (3, "3"))
 
 
 class _RateLimitedUpstream(Resource):

@@ -2,15 +2,22 @@
 """
 The relay's admin side: who may use it, and the usage page.
 
-Admin routes (``/admin/...``) take an admin key (``--admin-keys``) in
-``x-api-key``, ``Authorization: Bearer`` or, so that a person can open the
-page in a browser, as the password of ``Authorization: Basic`` (the browser
-asks for it). A relay key opens none of them; an admin key is refused on the
-Messages routes (:mod:`twisted_relay.relayed_request`).
+Admin routes (``/admin/...`` and the spend limits') take an admin key
+(``--admin-keys``) in ``x-api-key`` or ``Authorization: Bearer``; a route
+that only reads takes it as the password of ``Authorization: Basic`` too, so
+that a person can open the page in a browser (which asks for it). A write
+(setting or deleting a limit) takes no Basic credentials and only a JSON
+body: a browser keeps Basic credentials and sends them with any request to
+the relay, a cross-site form post included, and such a form can send
+neither a header of its own nor ``content-type: application/json``. A
+request whose ``Origin`` is not the relay's own (a browser sends it with a
+cross-site request) opens no admin route. A relay key opens none of them; an
+admin key is refused on the Messages routes (:mod:`twisted_relay.relayed_request`).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from dataclasses import replace
@@ -22,28 +29,73 @@ from twisted_relay.ledger_sql import LedgerError
 from twisted_relay.relay_keys import RelayKey, key_presented
 from twisted_relay.usage_page import Cap, KeyUsage, render_usage_page
 
-__all__ = ["NO_KEY_NAME", "admin_of", "usage_page"]
+__all__ = ["NO_KEY_NAME", "admin_of", "json_body_of", "usage_page"]
 
 #: How the page names the requests made without a relay key (an open relay).
 NO_KEY_NAME = "(no key)"
 #: Days the page shows unless ``?days=`` says otherwise, and the most it shows.
 _DAYS, _MOST_DAYS = 30, 366
 _HTML = b"text/html; charset=utf-8"
+_JSON = b"application/json"
 
 
-def admin_of(context, request) -> RelayKey:
+def admin_of(context, request, *, write: bool = False) -> RelayKey:
     """
     The admin key ``request`` presents, or a :class:`RelayError`: 404 when
-    the relay has no admin key (its admin routes are off), 401 (asking a
-    browser for it) when the request presents none of them.
+    the relay has no admin key (its admin routes are off), 403 when the
+    request comes from another site (:func:`_check_origin`), 401 when it
+    presents no admin key (asking a browser for one, unless ``write``: a
+    write takes the key in ``x-api-key`` or ``Authorization: Bearer`` only).
     """
     if not context.admin_keys:
         raise RelayError(404, "The relay's admin routes are off: start it with --admin-keys.")
-    admin = key_presented(context.admin_keys, request.requestHeaders, basic=True)
+    _check_origin(request)
+    admin = key_presented(context.admin_keys, request.requestHeaders, basic=not write)
     if admin is None:
+        if write:
+            request.setHeader(b"www-authenticate", b'Bearer realm="twisted-relay admin"')
+            raise RelayError(
+                401,
+                "This route changes the relay: it takes an admin key (--admin-keys) in x-api-key or "
+                "Authorization: Bearer, not as a browser's Basic password.",
+                should_retry=False,
+            )
         request.setHeader(b"www-authenticate", b'Basic realm="twisted-relay admin", charset="UTF-8"')
         raise RelayError(401, "This route takes an admin key (--admin-keys).", should_retry=False)
     return admin
+
+
+def _check_origin(request) -> None:
+    """
+    A 403 for a request whose ``Origin`` is not the relay's own (the
+    connection's scheme and the ``Host`` it was asked as): a page of another
+    site. A browser sends ``Origin`` with such requests; the SDKs, curl and a
+    browser opening the page send none.
+    """
+    origins = request.requestHeaders.getRawHeaders(b"origin")
+    if not origins:
+        return
+    own = (b"https://" if request.isSecure() else b"http://") + (request.getHeader(b"host") or b"").strip().lower()
+    if any(origin.strip().lower() != own for origin in origins):
+        raise RelayError(
+            403, "The relay's admin routes take no request from another site's page (its Origin is not the relay's).",
+            should_retry=False,
+        )
+
+
+def json_body_of(request) -> object:
+    """
+    The JSON body of an admin write, or a :class:`RelayError`: 415 unless
+    it says ``content-type: application/json`` (which a cross-site form
+    cannot send), 400 when it is not JSON.
+    """
+    content_type = (request.getHeader(b"content-type") or b"").partition(b";")[0].strip().lower()
+    if content_type != _JSON:
+        raise RelayError(415, "This route takes a JSON body: content-type: application/json.", should_retry=False)
+    try:
+        return json.loads(request.content.read() or b"null")
+    except (ValueError, RecursionError):  # (nested past the parser's depth)
+        raise RelayError(400, "The body is not valid JSON.") from None
 
 
 async def usage_page(context, request) -> bytes:

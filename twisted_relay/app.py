@@ -58,7 +58,8 @@ from twisted_relay.relayed_request import (
     method_and_path,
 )
 from twisted_relay.routing import RetryRule, Router
-from twisted_relay.spend_guard import SpendGuard, delete_route, effective_route, list_route, retrieve_route, set_route
+from twisted_relay.spend_guard import SpendGuard
+from twisted_relay.spend_routes import delete_route, effective_route, list_route, retrieve_route, set_route
 from twisted_relay.upstream import UpstreamClient, UpstreamClients
 
 __all__ = ["RelayApp"]
@@ -87,6 +88,8 @@ class RelayApp:
     :ivar starts: when each relayed request may start
         (:class:`~twisted_relay.pacing.StartPacer`).
     :ivar bodies: that pool (a service: stopping it stops the workers).
+    :ivar spend: the spend limits (:class:`~twisted_relay.spend_guard.SpendGuard`,
+        a service), or ``None`` without a ledger database.
     """
 
     app = Klein()
@@ -116,6 +119,13 @@ class RelayApp:
         self.metrics = metrics if metrics is not None else RelayMetrics(dumps)
         # Message threads held by the relay (docs/threads.md).
         self.threads = threads if threads is not None else keeper_for(config, reactor)
+        # Spend limits live in the ledger's database (docs/usage.md); a
+        # service (its timer), started and stopped with the ledger.
+        self.spend = (
+            SpendGuard(ledger, reactor=reactor, refresh_interval=config.spend_refresh_interval)
+            if hasattr(ledger, "on_database")
+            else None
+        )
         # What every request is handed; a reload makes a new one.
         self._context = RequestContext(
             config=config,
@@ -135,10 +145,7 @@ class RelayApp:
             starts=self.starts,
             batch=self.batch,
             bodies=self.bodies,
-            # Spend limits live in the ledger's database (docs/usage.md).
-            spend=SpendGuard(ledger, reactor=reactor, refresh_interval=config.spend_refresh_interval)
-            if hasattr(ledger, "on_database")
-            else None,
+            spend=self.spend,
         )
         self.metrics.know_models(config.prices.models)
         # Read when scraped: no work per request.

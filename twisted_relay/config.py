@@ -398,7 +398,8 @@ class RelayConfig:
     :ivar usage_max_queue: ledger rows a process holds in memory at most
         while its database does not answer; more are dropped and counted.
     :ivar spend_refresh_interval: seconds between two reads of the spend
-        limits and the spend against them from the ledger's database
+        limits and the spend against them from the ledger's database, and
+        between two renewals of this relay's shares of the caps
         (``docs/usage.md``, "Spend limits").
     :ivar config_file: the ``--config`` file these settings came from, read
         again by :meth:`twisted_relay.service.Relay.reload`; ``None`` when

@@ -30,6 +30,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     408: "timeout_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "api_error",
     502: "api_error",

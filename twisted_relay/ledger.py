@@ -367,6 +367,13 @@ class Ledger(Service):
         """This process's records not written yet (queued, or in the write under way)."""
         return [*self._batch, *self._queue]
 
+    def being_written(self) -> list[UsageRecord]:
+        """
+        Those of :meth:`unwritten` in the write under way (handed to the
+        ledger's thread: work given to :meth:`on_database` now runs after it).
+        """
+        return list(self._batch)
+
     def on_database(self, work, *args) -> Deferred:
         """
         ``work(database, *args)`` on the ledger's thread, after the writes

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+import zlib
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from functools import lru_cache
@@ -33,6 +34,7 @@ import ujson
 
 from twisted_relay.redact import redact_text
 from twisted_relay.spend_limits_sql import SCHEMA as _SPEND_LIMITS_SCHEMA
+from twisted_relay.spend_shares_sql import SCHEMA as _SPEND_SHARES_SCHEMA
 from twisted_relay.usage import TOKEN_KINDS, UsageRecord, storable_text
 
 __all__ = [
@@ -50,8 +52,9 @@ __all__ = [
 ]
 
 #: Version of the tables' layout, kept in the database; bumped on any change
-#: (2: the spend limits' table, :mod:`twisted_relay.spend_limits_sql`).
-SCHEMA_VERSION = 2
+#: (2: the spend limits' table, :mod:`twisted_relay.spend_limits_sql`; 3: the
+#: spend shares' table, :mod:`twisted_relay.spend_shares_sql`).
+SCHEMA_VERSION = 3
 #: What installs the PostgreSQL driver.
 POSTGRES_EXTRA = "pip install 'twisted-relay[postgres]'"
 #: What a report may add up by, and the column each reads.
@@ -83,6 +86,8 @@ _BUSY_TIMEOUT_MS = 5000
 _TCP_USER_TIMEOUT_MS = 15000
 # Serialises schema creation among relays starting at once (any constant).
 _SCHEMA_LOCK = 7_337_004_217
+# The first key of the locks of serialize() (any constant: a class of locks).
+_NAMED_LOCKS = 733_700_422
 
 _COLUMNS = (
     ("request_id", "TEXT PRIMARY KEY"),
@@ -109,6 +114,7 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS relay_usage_key_at ON relay_usage (key_name, at)",
     "CREATE INDEX IF NOT EXISTS relay_usage_group_at ON relay_usage (key_group, at)",
     *_SPEND_LIMITS_SCHEMA,
+    *_SPEND_SHARES_SCHEMA,
 )
 # A batch is written by one statement with one parameter, its rows as one
 # JSON text (an array of arrays, made on the reactor thread), which the
@@ -328,6 +334,19 @@ class LedgerDatabase:
 
     def _check_json(self, cursor) -> None:
         """Refuse a database that cannot take a batch (:meth:`write_batch`) apart."""
+
+    def serialize(self, cursor, names: Sequence[str]) -> None:
+        """
+        Hold, until the transaction ends, a lock of each of ``names``
+        against every transaction of any process that locks one of them
+        (taken in one order, whatever the order given: no deadlock). The
+        first statement of a transaction.
+        """
+        raise NotImplementedError
+
+    def clock(self, cursor) -> float:
+        """The time (Unix seconds) by the database's clock: one clock for every relay on it."""
+        return time.time()
 
     # -- the same for both
 
@@ -582,6 +601,10 @@ class SQLiteLedger(LedgerDatabase):
     def _lock_schema(self, cursor) -> None:
         cursor.execute("BEGIN IMMEDIATE")
 
+    def serialize(self, cursor, names: Sequence[str]) -> None:
+        # One machine, one file: the file's write lock stands for every name.
+        cursor.execute("BEGIN IMMEDIATE")
+
     def _check_json(self, cursor) -> None:
         try:
             cursor.execute("SELECT json_extract('[1]', '$[0]')")
@@ -639,6 +662,15 @@ class PostgresLedger(LedgerDatabase):
 
     def _lock_schema(self, cursor) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%d)" % (_SCHEMA_LOCK,))
+
+    def serialize(self, cursor, names: Sequence[str]) -> None:
+        # Two names of one digest share a lock: they wait for each other, no more.
+        for key in sorted({zlib.crc32(name.encode("utf-8")) - 2**31 for name in names}):
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_NAMED_LOCKS, key))
+
+    def clock(self, cursor) -> float:
+        cursor.execute("SELECT extract(epoch FROM clock_timestamp())")
+        return float(cursor.fetchone()[0])
 
     def _check_json(self, cursor) -> None:
         # A batch's JSON holds non-ASCII text as \uXXXX escapes, which only a

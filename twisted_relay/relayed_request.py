@@ -350,7 +350,7 @@ class RelayedRequest:
             self.context.batch.run()
         key = self.relay_key
         standing = await self.wait(
-            ensureDeferred(self.context.spend.standing(key.name if key else None, key.group if key else None))
+            ensureDeferred(self.context.spend.admit(key.name if key else None, key.group if key else None))
         )
         if standing is None:
             return

@@ -407,6 +407,9 @@ class Relay:
         if self.ledger is not None:
             # Stopped after the requests in flight have ended (and recorded their usage).
             self.ledger.setServiceParent(self.service)
+        if self.app.spend is not None:
+            # Reads the spend limits every refresh interval; started after the ledger, stopped before it.
+            self.app.spend.setServiceParent(self.service)
         if config.simulate:
             _SimulatedUpstreamService(
                 reactor, self.client, config.simulate, dict(config.simulate_options), self._cloud

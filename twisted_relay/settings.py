@@ -197,7 +197,7 @@ PARAMETERS = [
     ["usage-flush-interval", None, "1", "Seconds between two writes of the ledger (what a killed relay may lose)."],
     ["usage-retention-days", None, "400", "Delete ledger rows older than this many days (0: keep them all)."],
     ["usage-max-queue", None, "50000", "Ledger rows held in memory at most while its database is down."],
-    ["spend-refresh-interval", None, "5", "Seconds between two reads of spend limits and spend from the ledger."],
+    ["spend-refresh-interval", None, "5", "Seconds between two reads of spend limits and spend from the ledger (and renewals of cap shares)."],
 ]
 
 #: Options that are on or off: long name, short name, help (the shape of

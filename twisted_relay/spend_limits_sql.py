@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_spend_limits -*-
 """
 Spend limits in the ledger's database (:mod:`twisted_relay.ledger_sql`):
-the ``relay_spend_limits`` table (made with the ledger's tables, schema 2),
+the ``relay_spend_limits`` table (made with the ledger's tables, since schema 2),
 and its reads and writes. One row per (scope type, scope, period): setting
 a limit again changes it. Every call blocks and runs on the ledger's
 thread (:meth:`twisted_relay.ledger.Ledger.on_database`). No Twisted here.
