@@ -472,7 +472,7 @@ class SharedPostgresTests(TestCase):
 
 
 class SchemaTests(SynchronousTestCase):
-    """A ledger of schema 1 gains the limits' table when a relay of this version opens it."""
+    """A ledger of schema 1 gains the limits' table (and the platform column) when a relay of this version opens it."""
 
     def test_upgrade_from_schema_1(self):
         import sqlite3
@@ -496,7 +496,7 @@ class SchemaTests(SynchronousTestCase):
         database.close()
         with sqlite3.connect(path) as connection:
             found = connection.execute("SELECT value FROM relay_usage_meta WHERE name = 'schema_version'").fetchone()
-        self.assertEqual((SCHEMA_VERSION, found[0]), (2, "2"))
+        self.assertEqual(found[0], str(SCHEMA_VERSION))
 
 
 class _RateLimitedUpstream(Resource):
