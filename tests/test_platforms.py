@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from twisted_relay.config import LoginSpec
 from twisted_relay.platforms import platform_of, platform_tier, price_keys
 
 SONNET = "anthropic.claude-sonnet-4-5-20250929-v1:0"
@@ -51,9 +52,20 @@ class PlatformTests(SynchronousTestCase):
         self.assertEqual(platform_of("vertex", None, "claude-opus-4-6"), "vertex:global")
 
     def test_anthropic_wire(self) -> None:
-        """Anthropic's API and the surfaces on its wire (Foundry, Claude Platform on AWS): anthropic."""
+        """Anthropic's API and the surfaces on its wire that bill its rates (Foundry, Claude Platform
+        on AWS): anthropic. Bedrock's own surfaces on that wire (its Messages API, Mantle: an AWS
+        login signing for bedrock or bedrock-mantle, a Bedrock API key) are Bedrock's."""
         self.assertEqual(platform_of("anthropic", None, "claude-opus-5-5"), "anthropic")
-        self.assertEqual(platform_of("anthropic", "us-east-1", "opus-deployment"), "anthropic")
+        self.assertEqual(platform_of("anthropic", "us-east-1", "opus-deployment", LoginSpec("azure")), "anthropic")
+        self.assertEqual(platform_of("anthropic", "us-east-1", "opus-deployment", LoginSpec("key")), "anthropic")
+        claude_platform = LoginSpec("aws", (("service", "aws-external-anthropic"),))
+        self.assertEqual(platform_of("anthropic", "us-east-1", "claude-opus-5", claude_platform), "anthropic")
+        profile = "global.anthropic.claude-opus-4-7"
+        self.assertEqual(platform_of("anthropic", "us-east-1", profile, LoginSpec("aws")), "bedrock:global")
+        mantle = LoginSpec("aws", (("service", "bedrock-mantle"),))
+        self.assertEqual(platform_of("anthropic", "us-west-2", "anthropic.claude-opus-5", mantle), "bedrock:us-west-2")
+        self.assertEqual(platform_of("anthropic", "eu-west-1", "eu.anthropic.claude-opus-4-7",
+                                     LoginSpec("bedrock-api-key")), "bedrock:eu")
 
     def test_price_keys(self) -> None:
         """The platform, then its wire and class of endpoint, then its wire."""

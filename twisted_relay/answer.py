@@ -516,7 +516,7 @@ class Answer:
                 status=status,
                 stream=relayed.stream,
                 partial=partial,
-                platform=platform_of(upstream.wire, upstream.region, attempt.model),
+                platform=platform_of(upstream.wire, upstream.region, attempt.model, upstream.login),
                 platform_tier=platform_tier(
                     upstream.wire, upstream.service_tier, tier[0].decode("latin-1") if tier else None
                 ),

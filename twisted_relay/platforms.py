@@ -6,7 +6,9 @@ platform's model id the attempt sent:
 
 - ``anthropic``: the ``anthropic`` wire (Anthropic's API, and the surfaces
   that speak it and bill Anthropic's rates: Microsoft Foundry, Claude
-  Platform on AWS);
+  Platform on AWS); but Bedrock's own surfaces on that wire (its Messages
+  API, Mantle: an AWS login signing for ``bedrock`` or ``bedrock-mantle``,
+  or a Bedrock API key) are Bedrock's, as below;
 - ``bedrock:global``: Bedrock with a ``global.`` inference profile;
   ``bedrock:us``, ``bedrock:eu``, ``bedrock:apac``...: a geographic
   profile (``us.``, ``eu.``, ``apac.``...); ``bedrock:us-east-1``: a base
@@ -47,20 +49,32 @@ BEDROCK_TIER_HEADER = b"x-amzn-bedrock-service-tier"
 _GEOGRAPHY = re.compile(r"^[a-z]{2,8}(?:-[a-z]{2,8})?$")
 # A cloud region or location as the configuration takes it.
 _REGION = re.compile(r"^[a-z0-9-]{2,32}$")
+# The signing names of Bedrock's own Anthropic-shaped surfaces.
+_BEDROCK_SERVICES = ("bedrock", "bedrock-mantle")
 _ARN = re.compile(r"^arn:aws[a-z-]*:bedrock:([a-z0-9-]*):\d*:([a-z-]+)/(.+)$")
 
 
-def platform_of(wire: str, region: str | None, model: str | None) -> str:
+def platform_of(wire: str, region: str | None, model: str | None, login=None) -> str:
     """
-    The platform of an answer an upstream of ``wire`` in ``region`` served
-    for the platform's model id ``model`` (the attempt's, after the
-    upstream's model map).
+    The platform of an answer an upstream of ``wire`` in ``region``, logged
+    in to with ``login`` (a :class:`~twisted_relay.config.LoginSpec`, or
+    ``None``), served for the platform's model id ``model`` (the attempt's,
+    after the upstream's model map).
     """
-    if wire == "bedrock":
+    if wire == "bedrock" or (wire == "anthropic" and _bedrock_login(login)):
         return "bedrock:" + _bedrock_endpoint(model or "", region)
     if wire == "vertex":
         return "vertex:" + _region(region, GLOBAL)
     return wire
+
+
+def _bedrock_login(login) -> bool:
+    """A login to Bedrock's own surfaces (not to Claude Platform on AWS, which signs as ``aws-external-anthropic``)."""
+    if login is None:
+        return False
+    if login.kind == "bedrock-api-key":
+        return True
+    return login.kind == "aws" and login.option("service", "bedrock") in _BEDROCK_SERVICES
 
 
 def _region(region: str | None, default: str) -> str:
