@@ -25,7 +25,7 @@ from .ledger_records import DECEMBER_FIRST, usage_record
 
 
 def _ledger(testcase) -> str:
-    """An SQLite ledger of six known requests over two days, two keys, two models."""
+    """An SQLite ledger of six known requests over two days, two keys, two models, two upstreams, three platforms."""
     folder = testcase.mktemp()
     os.makedirs(folder)
     path = os.path.join(folder, "usage.sqlite")
@@ -33,10 +33,13 @@ def _ledger(testcase) -> str:
     database.open()
     database.write(
         [
-            usage_record(1, key_name="alice", model="claude-sonnet-4-5"),
+            usage_record(1, key_name="alice", model="claude-sonnet-4-5", upstream="bedrock",
+                         platform="bedrock:us-east-1"),
             usage_record(2, key_name="alice", model="claude-haiku-4-5", session_id="session-2"),
-            usage_record(3, key_name="bob", key_group="team-b", model="claude-sonnet-4-5", partial=True),
-            usage_record(25, key_name="alice", model="claude-sonnet-4-5"),
+            usage_record(3, key_name="bob", key_group="team-b", model="claude-sonnet-4-5", partial=True,
+                         upstream="bedrock", platform="bedrock:global"),
+            usage_record(25, key_name="alice", model="claude-sonnet-4-5", upstream="bedrock",
+                         platform="bedrock:us-east-1"),
             usage_record(26, key_name=None, key_group=None, model="mystery-1", cost=None),
             usage_record(27, key_name="bob", key_group="team-b", model="claude-sonnet-4-5"),
         ]
@@ -110,6 +113,41 @@ class ReportTests(SynchronousTestCase):
         self.assertEqual(document["rows"][3]["tokens"]["web_fetch_requests"], 30)
         self.assertEqual(document["total"]["requests"], 6)
         self.assertEqual(Decimal(document["total"]["cost_usd"]), Decimal("0.007134"))
+
+    def test_table_by_platform(self):
+        """By platform (the endpoint that served each request), and by upstream and platform."""
+        status, out, err = _run("--usage-db", self.path, "--by", "platform")
+        self.assertEqual((status, err), (0, ""))
+        lines = out.splitlines()
+        self.assertEqual(lines[0].split()[:2], ["platform", "requests"])
+        self.assertEqual(lines[1].split(), ["anthropic", "3"] + ["55"] * 7 + ["0.003567", "1", "0"])
+        self.assertEqual(lines[2].split(), ["bedrock:global", "1"] + ["3"] * 7 + ["0.000369", "0", "1"])
+        self.assertEqual(lines[3].split(), ["bedrock:us-east-1", "2"] + ["26"] * 7 + ["0.003198", "0", "0"])
+        self.assertEqual(lines[5].split(), ["total", "6"] + ["84"] * 7 + ["0.007134", "1", "1"])
+        _, out, _ = _run("--usage-db", self.path, "--by", "upstream,platform", "--format", "json")
+        self.assertEqual(
+            [(r["upstream"], r["platform"], r["requests"], r["cost_usd"]) for r in json.loads(out)["rows"]],
+            [("bedrock", "bedrock:global", 1, "0.000369"), ("bedrock", "bedrock:us-east-1", 2, "0.003198"),
+             ("default", "anthropic", 3, "0.003567")],
+        )
+
+    def test_a_ledger_before_platforms(self):
+        """A ledger no relay of this version opened yet: read by upstream as it is; by platform,
+        one line saying why not (a report changes nothing)."""
+        import sqlite3
+
+        from .test_ledger_sql import SCHEMA_2, SCHEMA_2_ROW
+
+        path = os.path.join(os.path.dirname(self.path), "schema-2.sqlite")
+        with sqlite3.connect(path) as connection:
+            for statement in SCHEMA_2 + (SCHEMA_2_ROW,):
+                connection.execute(statement)
+            connection.execute("INSERT INTO relay_usage_meta (name, value) VALUES ('schema_version', '2')")
+        status, out, _ = _run("--usage-db", path, "--by", "upstream", "--format", "csv")
+        self.assertEqual((status, out.splitlines()[1].split(",")[:2]), (0, ["default", "1"]))
+        status, out, err = _run("--usage-db", path, "--by", "platform")
+        self.assertEqual((status, out, len(err.splitlines())), (2, "", 1))
+        self.assertIn("written before relays recorded the platform (ledger schema 2)", err)
 
     def test_round_costs_in_plain_figures(self):
         """A cost of whole dollars is written as such (20, not 2E+1) in CSV and JSON."""

@@ -274,6 +274,89 @@ class _LedgerDatabaseTests:
         self.assertEqual(reader.totals()[0].requests, 1)
 
 
+    def test_by_platform(self):
+        """Each row keeps the platform that served it; usage adds up by platform, and by upstream and platform."""
+        database = self.opened()
+        database.write([
+            usage_record(1, upstream="bedrock", platform="bedrock:global"),
+            usage_record(2, upstream="bedrock", platform="bedrock:us-east-1"),
+            usage_record(3, upstream="bedrock", platform="bedrock:us-east-1"),
+            usage_record(4),
+        ])
+        found = {t.group["platform"]: (t.requests, t.cost) for t in database.totals(["platform"])}
+        self.assertEqual(found, {
+            "anthropic": (1, Decimal("0.000123") * 4),
+            "bedrock:global": (1, Decimal("0.000123")),
+            "bedrock:us-east-1": (2, Decimal("0.000123") * 5),
+        })
+        self.assertEqual([tuple(t.group.values()) for t in database.totals(["upstream", "platform"])],
+                         [("bedrock", "bedrock:global"), ("bedrock", "bedrock:us-east-1"), ("default", "anthropic")])
+
+    def test_a_ledger_of_schema_2_gains_the_platform(self):
+        """
+        A ledger the relay of schema 2 wrote: a report reads it as it is (by platform: one line
+        saying why not); a relay of this version opening it adds the platform column, keeps its
+        rows (their platform empty) and writes new ones with theirs.
+        """
+        target = self.new_target()
+        for statement in SCHEMA_2:
+            self.execute(target, statement)
+        self.execute(target, "INSERT INTO relay_usage_meta (name, value) VALUES ('schema_version', '2')")
+        self.execute(target, SCHEMA_2_ROW)
+        reader = open_ledger(target, create=False)
+        self.addCleanup(reader.close)
+        reader.open()
+        self.assertEqual([(t.group, t.requests) for t in reader.totals(["upstream"])], [({"upstream": "default"}, 1)])
+        error = self.assertRaises(LedgerError, reader.totals, ["platform"])
+        self.assertIn("written before relays recorded the platform (ledger schema 2)", str(error))
+        reader.close()
+        database = self.opened(target)
+        database.write([usage_record(2, platform="vertex:us")])
+        found = [(t.group["platform"], t.requests, t.cost) for t in database.totals(["platform"])]
+        self.assertEqual(found, [(None, 1, Decimal("0.000123")), ("vertex:us", 1, Decimal("0.000246"))])
+        database.close()
+        self.opened(target)  # opened again: nothing left to add
+        reader = open_ledger(target, create=False)
+        self.addCleanup(reader.close)
+        reader.open()
+        self.assertEqual(len(reader.totals(["platform"])), 2)
+
+        def version(connection):
+            cursor = connection.cursor()
+            cursor.execute("SELECT value FROM relay_usage_meta WHERE name = 'schema_version'")
+            return cursor.fetchone()[0]
+
+        self.assertEqual(reader.run(version), str(SCHEMA_VERSION))
+
+
+#: The tables as the relay of ledger schema 2 made them (twisted-relay before
+#: the platform column), and one row as it wrote it.
+SCHEMA_2 = (
+    "CREATE TABLE IF NOT EXISTS relay_usage_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS relay_usage (request_id TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL, "
+    "day TEXT NOT NULL, key_name TEXT, key_group TEXT, session_id TEXT, agent_id TEXT, parent_agent_id TEXT, "
+    "upstream TEXT NOT NULL, model TEXT NOT NULL, status INTEGER NOT NULL, stream SMALLINT NOT NULL, "
+    "partial SMALLINT NOT NULL, input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL, "
+    "cache_creation_5m_tokens BIGINT NOT NULL, cache_creation_1h_tokens BIGINT NOT NULL, "
+    "cache_read_tokens BIGINT NOT NULL, web_search_requests BIGINT NOT NULL, web_fetch_requests BIGINT NOT NULL, "
+    "cost_pico_usd BIGINT, usage_json TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS relay_usage_at ON relay_usage (at)",
+    "CREATE INDEX IF NOT EXISTS relay_usage_key_at ON relay_usage (key_name, at)",
+    "CREATE INDEX IF NOT EXISTS relay_usage_group_at ON relay_usage (key_group, at)",
+    "CREATE TABLE IF NOT EXISTS relay_spend_limits (id TEXT PRIMARY KEY, scope_type TEXT NOT NULL, "
+    "scope_id TEXT NOT NULL, period TEXT NOT NULL, amount_cents BIGINT, created_at DOUBLE PRECISION NOT NULL, "
+    "updated_at DOUBLE PRECISION NOT NULL, UNIQUE (scope_type, scope_id, period))",
+)
+SCHEMA_2_ROW = (
+    "INSERT INTO relay_usage (request_id, at, day, key_name, key_group, session_id, agent_id, parent_agent_id, "
+    "upstream, model, status, stream, partial, input_tokens, output_tokens, cache_creation_5m_tokens, "
+    "cache_creation_1h_tokens, cache_read_tokens, web_search_requests, web_fetch_requests, cost_pico_usd, "
+    "usage_json) VALUES ('rly_test_000001', %r, '2026-12-01', 'alice', 'team-a', 'session-1', NULL, NULL, "
+    "'default', 'claude-sonnet-4-5', 200, 1, 0, 1, 1, 1, 1, 1, 1, 1, 123000000, '{\"input_tokens\": 1}')"
+    % (DECEMBER_FIRST + 3600,)
+)
+
+
 class SQLiteLedgerTests(_LedgerDatabaseTests, SynchronousTestCase):
     """The ledger in an SQLite file."""
 

@@ -143,6 +143,35 @@ class AnswerMeterTests(SynchronousTestCase):
         self.assertIsNone(record.cost)
         self.assertFalse(record.priced)
 
+    def test_platform(self) -> None:
+        """The record names the platform that served it, which prices it: a regional Bedrock
+        endpoint at 1.1x; by default, Anthropic's own at 1x."""
+        usage = {"model": "claude-sonnet-4-5-20250929", "usage": {"input_tokens": 1000, "output_tokens": 100}}
+        standard = (1000 * Decimal(3) + 100 * Decimal(15)) / 1_000_000
+        for platform, cost in (("bedrock:us", Decimal("1.1") * standard), ("bedrock:global", standard)):
+            meter = AnswerMeter(DEFAULT_PRICES, "claude-sonnet-4-5")
+            meter.whole(usage)
+            record = self.record(meter, platform=platform)
+            self.assertEqual((record.platform, record.cost), (platform, cost))
+        meter = AnswerMeter(DEFAULT_PRICES, "claude-sonnet-4-5")
+        meter.whole(usage)
+        record = self.record(meter)
+        self.assertEqual((record.platform, record.cost), ("anthropic", standard))
+
+    def test_platform_tier_over_the_usages(self) -> None:
+        """The tier the platform set prices the answer in place of the usage's service_tier: a
+        Bedrock tier with no price makes the answer unpriced, not standard."""
+        meter = AnswerMeter(DEFAULT_PRICES, "claude-sonnet-4-5")
+        meter.whole({"usage": {"input_tokens": 1000, "service_tier": "standard"}})
+        self.assertEqual(self.record(meter, platform="bedrock:global").cost, Decimal("0.003"))
+        meter = AnswerMeter(DEFAULT_PRICES, "claude-sonnet-4-5")
+        meter.whole({"usage": {"input_tokens": 1000, "service_tier": "standard"}})
+        self.assertIsNone(self.record(meter, platform="bedrock:global", platform_tier="bedrock:flex").cost)
+        meter = AnswerMeter(DEFAULT_PRICES, "claude-sonnet-4-5")
+        meter.whole({"usage": {"input_tokens": 1000, "service_tier": "priority"}})
+        self.assertEqual(self.record(meter, platform="bedrock:global", platform_tier="bedrock:default").cost,
+                         Decimal("0.003"))
+
     def test_nothing_reported(self) -> None:
         """An answer that reported nothing (a body that is not JSON, a stream cut before its
         first event) is a record of no tokens, at no cost, under the requested model."""

@@ -74,6 +74,51 @@ class ArithmeticTests(SynchronousTestCase):
         self.assertIsNone(DEFAULT_PRICES.cost([known], inference_geo="eu"))
         self.assertIsNone(DEFAULT_PRICES.cost([known], service_tier="priority"))
         self.assertIsNone(DEFAULT_PRICES.cost([(None, _tokens(10))]))
+        self.assertIsNone(DEFAULT_PRICES.cost([known], platform="foundry:eastus"))
+        # A platform no key prices leaves the models it does not apply to priced.
+        self.assertIsNotNone(DEFAULT_PRICES.cost([("claude-sonnet-4", _tokens(10))], platform="foundry:eastus"))
+
+    def test_regional_endpoints(self) -> None:
+        """Bedrock's and Vertex's regional endpoints (a region, a geography, a multi-region)
+        cost 1.1x their global ones for Sonnet 4.5 and later models; the global ones, and
+        Anthropic's own, 1x; with US-only inference on top, 1.21x."""
+        for model in ("claude-sonnet-4-5", "claude-sonnet-4-5-20250929", "claude-haiku-4-5", "claude-opus-4-5",
+                      "claude-opus-4-6", "claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5"):
+            tokens = [(model, _tokens(1000, 1000, 1000, 1000, 1000))]
+            standard = DEFAULT_PRICES.cost(tokens)
+            for platform in ("bedrock:us-east-1", "bedrock:us", "bedrock:eu", "vertex:us-east5", "vertex:us",
+                             "vertex:eu"):
+                self.assertEqual(DEFAULT_PRICES.cost(tokens, platform=platform), Decimal("1.1") * standard,
+                                 (model, platform))
+            for platform in ("bedrock:global", "vertex:global", "anthropic", None):
+                self.assertEqual(DEFAULT_PRICES.cost(tokens, platform=platform), standard, (model, platform))
+            self.assertEqual(DEFAULT_PRICES.cost(tokens, platform="bedrock:us", inference_geo="us"),
+                             Decimal("1.21") * standard)
+
+    def test_older_models_same_price_everywhere(self) -> None:
+        """Sonnet 4, Opus 4 and 4.1, Haiku 3.5 keep their price on every endpoint; a fallback's
+        parts each at their own model's (the older one without the premium)."""
+        for model in ("claude-sonnet-4", "claude-sonnet-4-20250514", "claude-opus-4-1", "claude-opus-4",
+                      "claude-3-5-haiku-20241022"):
+            tokens = [(model, _tokens(1000, 1000))]
+            self.assertEqual(DEFAULT_PRICES.cost(tokens, platform="bedrock:us-east-1"), DEFAULT_PRICES.cost(tokens))
+        parts = [("claude-opus-4-1", _tokens(100, 1)), ("claude-sonnet-4-5", _tokens(100, 80))]
+        self.assertEqual(DEFAULT_PRICES.cost(parts, platform="vertex:us-east5"),
+                         (100 * 15 + 1 * 75) / Decimal(MILLION) + Decimal("1.1") * (100 * 3 + 80 * 15) / MILLION)
+
+    def test_bedrock_tiers(self) -> None:
+        """Bedrock's default tier is 1x; its priority, flex and reserved tiers are priced by AWS
+        per model: not guessed (the file gives them)."""
+        tokens = [("claude-sonnet-4-5", _tokens(1000, 1000))]
+        standard = DEFAULT_PRICES.cost(tokens)
+        self.assertEqual(DEFAULT_PRICES.cost(tokens, service_tier="bedrock:default", platform="bedrock:global"),
+                         standard)
+        for tier in ("bedrock:priority", "bedrock:flex", "bedrock:reserved"):
+            self.assertIsNone(DEFAULT_PRICES.cost(tokens, service_tier=tier, platform="bedrock:global"), tier)
+        table = price_table_from({"service-tier": {"standard": 1, "bedrock:default": 1, "bedrock:flex": "0.5"}},
+                                 base=DEFAULT_PRICES)
+        self.assertEqual(table.cost(tokens, service_tier="bedrock:flex", platform="bedrock:us-east-1"),
+                         Decimal("0.55") * standard)
 
     def test_dated_ids(self) -> None:
         """A dated id takes its undated id's price; an id of its own wins."""
@@ -128,6 +173,24 @@ class FileTableTests(SynchronousTestCase):
                          Decimal("1.2") * 1500 / MILLION + Decimal("0.02"))
         self.assertEqual(table.cost([("my-model", _tokens(output=3))]), Decimal("0.000021"))
 
+    def test_platform_multipliers(self) -> None:
+        """[prices.platform] adds to the shipped multipliers, or replaces those of the same key; a
+        platform's own key wins over its class's; platform-multiplier = false keeps a model's
+        price the same everywhere; the table goes to the workers whole."""
+        table = price_table_from({
+            "platform": {"bedrock:us-east-1": "1.05", "vertex:regional": "1.2"},
+            "models": {"old-model": dict(self.RATES, **{"platform-multiplier": False}), "new-model": self.RATES},
+        }, base=DEFAULT_PRICES)
+        tokens = _tokens(1000)
+        self.assertEqual(table.cost([("new-model", tokens)], platform="bedrock:us-east-1"),
+                         Decimal("1.05") * 1500 / MILLION)
+        self.assertEqual(table.cost([("new-model", tokens)], platform="bedrock:eu"), Decimal("1.1") * 1500 / MILLION)
+        self.assertEqual(table.cost([("new-model", tokens)], platform="vertex:us"), Decimal("1.2") * 1500 / MILLION)
+        self.assertEqual(table.cost([("new-model", tokens)], platform="vertex:global"), Decimal(1500) / MILLION)
+        self.assertEqual(table.cost([("old-model", tokens)], platform="vertex:us"), Decimal(1500) / MILLION)
+        self.assertFalse(table.price_of("old-model").platform_multiplier)
+        self.assertEqual(PriceTable.from_dict(table.to_dict()), table)
+
     def test_mistakes_named(self) -> None:
         """A missing rate (none is guessed), a bad number, an unknown key: refused, naming it."""
         cases = [
@@ -140,6 +203,10 @@ class FileTableTests(SynchronousTestCase):
             ({"models": {"m": "cheap"}}, "models.m must be a table"),
             ({"rates": {}}, "unknown key rates"),
             ({"inference-geo": {"us": "x"}}, "inference-geo us must be a number"),
+            ({"platform": {"bedrock:regional": "-1"}}, "platform bedrock:regional must be a number, zero or more"),
+            ({"platform": "1.1"}, "platform must be a table of multipliers"),
+            ({"models": {"m": dict(self.RATES, **{"platform-multiplier": "no"})}},
+             "models.m platform-multiplier must be true or false"),
         ]
         for values, words in cases:
             with self.assertRaises(ValueError) as raised:

@@ -378,8 +378,12 @@ class BodyTests(SynchronousTestCase):
         for name, value in (("model", OPUS), ("stream", True), ("service_tier", "priority")):
             self.assertEqual(self.refusal(OPUS, bedrock_body(**{name: value})),
                              f"{name}: Extra inputs are not permitted")
-        self.assertEqual(self.bedrock.invoke(OPUS, bedrock_body(),
-                                             headers={"X-Amzn-Bedrock-Service-Tier": "priority"})[0].code, 200)
+        response, _ = self.bedrock.invoke(OPUS, bedrock_body(), headers={"X-Amzn-Bedrock-Service-Tier": "priority"})
+        self.assertEqual(response.code, 200)
+        # The answer says which tier served it, as Bedrock's do (botocore's InvokeModel output).
+        self.assertEqual(response.headers.getRawHeaders("x-amzn-bedrock-service-tier"), ["priority"])
+        self.assertIsNone(self.bedrock.invoke(OPUS, bedrock_body())[0].headers.getRawHeaders(
+            "x-amzn-bedrock-service-tier"))
         self.assertIn("serviceTier", self.refusal(OPUS, bedrock_body(), {"X-Amzn-Bedrock-Service-Tier": "fast"}))
         self.assertEqual(self.refusal(OPUS, b"not json"),
                          "Malformed input request, please reformat your input and try again.")

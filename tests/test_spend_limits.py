@@ -568,7 +568,7 @@ class SharedPostgresTests(TestCase):
 
 
 class SchemaTests(SynchronousTestCase):
-    """A ledger of schema 1 or 2 gains the limits' and the shares' tables when a relay of this version opens it."""
+    """A ledger of schema 1 or 2 gains the limits' and the shares' tables (and the platform column) when a relay of this version opens it."""
 
     def test_upgrade_from_schemas_1_and_2(self):
         import sqlite3
@@ -597,7 +597,7 @@ class SchemaTests(SynchronousTestCase):
             database.close()
             with sqlite3.connect(path) as connection:
                 found = connection.execute("SELECT value FROM relay_usage_meta WHERE name = 'schema_version'").fetchone()
-            self.assertEqual((SCHEMA_VERSION, found[0]), (3, "3"))
+            self.assertEqual((SCHEMA_VERSION, found[0]), (4, "4"))
 
 
 class _RateLimitedUpstream(Resource):

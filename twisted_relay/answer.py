@@ -27,6 +27,7 @@ from twisted_relay.dumps import DumpRequest
 from twisted_relay.errors import RelayError
 from twisted_relay.logs import bounded
 from twisted_relay.metering import AnswerMeter
+from twisted_relay.platforms import BEDROCK_TIER_HEADER, platform_of, platform_tier
 from twisted_relay.redact import redact_text
 from twisted_relay.sse import SSEGate
 from twisted_relay.upstream import read_body
@@ -501,21 +502,28 @@ class Answer:
     def _record(self, meter: AnswerMeter, partial: bool, status: int) -> None:
         """Make the answer's usage record, count it and hand it to the ledger."""
         context, relayed = self._context, self._relayed
+        attempt = self._exchange.attempt
+        upstream = attempt.upstream
         try:
+            tier = self._response.headers.getRawHeaders(BEDROCK_TIER_HEADER)
             record = meter.record(
                 at=self._exchange.received_at,
                 request_id=relayed.id,
                 relay_key=relayed.relay_key,
                 attribution=relayed.attribution,
-                upstream=self._exchange.attempt.upstream.name,
+                upstream=upstream.name,
                 status=status,
                 stream=relayed.stream,
                 partial=partial,
+                platform=platform_of(upstream.wire, upstream.region, attempt.model, upstream.login),
+                platform_tier=platform_tier(
+                    upstream.wire, upstream.service_tier, tier[0].decode("latin-1") if tier else None
+                ),
             )
             if context.metrics.count_usage(record):
                 context.log.warn(
                     "Model {model} has no price in the price table (or not for this answer's speed, "
-                    "geography or tier): its answers are metered in tokens only",
+                    "geography, tier or platform): its answers are metered in tokens only",
                     model=bounded(record.model),
                 )
             if context.ledger is not None:

@@ -10,7 +10,7 @@ that left its outcome unknown counts nothing twice. :func:`open_ledger` names
 a database by the ``--usage-db`` value (a file path, ``sqlite:PATH`` or a
 ``postgresql://`` URL); :class:`LedgerDatabase` writes batches
 (:meth:`~LedgerDatabase.write`), prunes old rows and adds up usage by key,
-group, model, session, day or upstream over a time range
+group, model, session, day, upstream or platform over a time range
 (:meth:`~LedgerDatabase.totals`).
 
 Every call blocks: the ledger service (:mod:`twisted_relay.ledger`) makes
@@ -53,8 +53,9 @@ __all__ = [
 
 #: Version of the tables' layout, kept in the database; bumped on any change
 #: (2: the spend limits' table, :mod:`twisted_relay.spend_limits_sql`; 3: the
-#: spend shares' table, :mod:`twisted_relay.spend_shares_sql`).
-SCHEMA_VERSION = 3
+#: spend shares' table, :mod:`twisted_relay.spend_shares_sql`; 4: the ``platform``
+#: column). A relay opening an older ledger brings it up to date.
+SCHEMA_VERSION = 4
 #: What installs the PostgreSQL driver.
 POSTGRES_EXTRA = "pip install 'twisted-relay[postgres]'"
 #: What a report may add up by, and the column each reads.
@@ -65,6 +66,7 @@ GROUPINGS = {
     "session": "session_id",
     "agent": "agent_id",
     "upstream": "upstream",
+    "platform": "platform",
     "day": "day",
 }
 
@@ -99,6 +101,8 @@ _COLUMNS = (
     ("agent_id", "TEXT"),
     ("parent_agent_id", "TEXT"),
     ("upstream", "TEXT NOT NULL"),
+    # NULL in the rows written before schema 3.
+    ("platform", "TEXT"),
     ("model", "TEXT NOT NULL"),
     ("status", "INTEGER NOT NULL"),
     ("stream", "SMALLINT NOT NULL"),
@@ -107,6 +111,8 @@ _COLUMNS = (
     ("cost_pico_usd", "BIGINT"),
     ("usage_json", "TEXT NOT NULL"),
 )
+# The columns added since schema 1, which opening an older ledger adds.
+_ADDED_COLUMNS = (("platform", "TEXT"),)
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS relay_usage_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS relay_usage (%s)" % (", ".join("%s %s" % c for c in _COLUMNS),),
@@ -285,6 +291,7 @@ def _row(record: UsageRecord) -> tuple:
         storable_text(record.agent_id),
         storable_text(record.parent_agent_id),
         storable_text(record.upstream),
+        storable_text(record.platform),
         storable_text(record.model),
         int(record.status),
         int(bool(record.stream)),
@@ -313,6 +320,8 @@ class LedgerDatabase:
         self._create = create
         self._secrets = tuple(s for s in secrets if s)
         self._connection = None
+        # The version of the ledger's tables, once opened.
+        self._schema_version = SCHEMA_VERSION
 
     # -- what each database does its own way
 
@@ -330,6 +339,10 @@ class LedgerDatabase:
         """Keep other relays from creating the tables at the same time (inside the transaction)."""
 
     def _has_table(self, cursor) -> bool:
+        raise NotImplementedError
+
+    def _column_names(self, cursor) -> set[str]:
+        """The columns ``relay_usage`` has."""
         raise NotImplementedError
 
     def _check_json(self, cursor) -> None:
@@ -436,6 +449,11 @@ class LedgerDatabase:
             raise LedgerError(
                 "cannot add up usage by %s (known: %s)" % (", ".join(unknown), ", ".join(GROUPINGS))
             )
+        if "platform" in by and self._schema_version < 4:
+            raise LedgerError(
+                "%s was written before relays recorded the platform (ledger schema %d): a relay of this "
+                "version adds the column when it opens the ledger" % (self.description, self._schema_version)
+            )
         columns = [GROUPINGS[name] for name in by]
         where, parameters = _conditions(since, until, key_name, key_group)
         sums = ", ".join("SUM(%s)" % (kind,) for kind in TOKEN_KINDS)
@@ -503,7 +521,13 @@ class LedgerDatabase:
                 self.sql("INSERT INTO relay_usage_meta (name, value) VALUES (?, ?)"), ("schema_version", str(SCHEMA_VERSION))
             )
         elif found is not None and int(found[0]) < SCHEMA_VERSION and self._create:
-            # The new tables were made above; the old ones are unchanged.
+            # The new tables were made above; the old one gains its new
+            # columns, in the same transaction (a relay of this version that
+            # made the table first has them already).
+            present = self._column_names(cursor)
+            for name, kind in _ADDED_COLUMNS:
+                if name not in present:
+                    cursor.execute("ALTER TABLE relay_usage ADD COLUMN %s %s" % (name, kind))
             cursor.execute(
                 self.sql("UPDATE relay_usage_meta SET value = ? WHERE name = ?"), (str(SCHEMA_VERSION), "schema_version")
             )
@@ -512,6 +536,7 @@ class LedgerDatabase:
                 "%s was written by a newer twisted-relay (ledger schema %s; this one knows %d)"
                 % (self.description, found[0], SCHEMA_VERSION)
             )
+        self._schema_version = SCHEMA_VERSION if found is None or self._create else int(found[0])
         connection.commit()
 
     def run(self, work):
@@ -618,6 +643,10 @@ class SQLiteLedger(LedgerDatabase):
         cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'relay_usage'")
         return cursor.fetchone() is not None
 
+    def _column_names(self, cursor) -> set[str]:
+        cursor.execute("PRAGMA table_info(relay_usage)")
+        return {row[1] for row in cursor.fetchall()}
+
 
 class PostgresLedger(LedgerDatabase):
     """A ledger in a PostgreSQL database, which several relays share."""
@@ -688,3 +717,11 @@ class PostgresLedger(LedgerDatabase):
     def _has_table(self, cursor) -> bool:
         cursor.execute("SELECT to_regclass('relay_usage') IS NOT NULL")
         return bool(cursor.fetchone()[0])
+
+    def _column_names(self, cursor) -> set[str]:
+        # The table the unqualified name finds: the first schema of the search path that has one.
+        cursor.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass('relay_usage') "
+            "AND attnum > 0 AND NOT attisdropped"
+        )
+        return {row[0] for row in cursor.fetchall()}

@@ -27,6 +27,9 @@ The rules (``docs/usage.md``):
   priced at its own ``model`` (the answer's model when it names none).
   Otherwise the top-level fields are.
 - Server tool requests come from the top-level ``server_tool_use``.
+- The platform that served the answer prices it too (a regional endpoint
+  of Bedrock or Vertex costs more than a global one), and on Bedrock the
+  service tier is the platform's (:mod:`twisted_relay.platforms`).
 
 Pure: no Twisted.
 """
@@ -182,8 +185,17 @@ class AnswerMeter:
         """The model that served the answer: as the answer names it, else the requested one."""
         return self.model or self._requested_model or ""
 
-    def cost(self) -> tuple[dict[str, int], Decimal | None]:
-        """The answer's tokens by kind, and its cost (``None``: not priced)."""
+    def cost(
+        self, platform: str | None = None, platform_tier: str | None = None
+    ) -> tuple[dict[str, int], Decimal | None]:
+        """
+        The answer's tokens by kind, and its cost (``None``: not priced).
+
+        :param platform: where it was served (``None``: no platform multiplier).
+        :param platform_tier: the service tier the platform set
+            (:func:`~twisted_relay.platforms.platform_tier`), in place of
+            the usage's ``service_tier``.
+        """
         usage, model = self.usage, self.served_model
         parts = parts_of(usage, model)
         tokens = tokens_of(usage, parts)
@@ -193,7 +205,8 @@ class AnswerMeter:
             web_fetch_requests=tokens["web_fetch_requests"],
             speed=_text(usage.get("speed")),
             inference_geo=_text(usage.get("inference_geo")),
-            service_tier=_text(usage.get("service_tier")),
+            service_tier=platform_tier or _text(usage.get("service_tier")),
+            platform=platform,
         )
         return tokens, cost
 
@@ -208,6 +221,8 @@ class AnswerMeter:
         status: int,
         stream: bool,
         partial: bool,
+        platform: str = "anthropic",
+        platform_tier: str | None = None,
     ) -> UsageRecord:
         """
         The answer's :class:`~twisted_relay.usage.UsageRecord`.
@@ -215,8 +230,13 @@ class AnswerMeter:
         :param relay_key: the :class:`~twisted_relay.config.RelayKey` the
             request presented, or ``None``.
         :param attribution: Claude Code's attribution headers, by name.
+        :param platform: where the upstream served it
+            (:func:`~twisted_relay.platforms.platform_of`).
+        :param platform_tier: the service tier the platform set, which
+            prices the answer in place of the usage's ``service_tier``
+            (:func:`~twisted_relay.platforms.platform_tier`).
         """
-        tokens, cost = self.cost()
+        tokens, cost = self.cost(platform, platform_tier)
         attribution = attribution or {}
         return UsageRecord(
             at=at,
@@ -235,4 +255,5 @@ class AnswerMeter:
             cost=cost,
             # ASCII: whatever the upstream sent, the text is UTF-8 (a lone surrogate escaped).
             usage=ujson.dumps(self.usage, escape_forward_slashes=False) if self.usage else "",
+            platform=storable_text(bounded(platform)),
         )

@@ -69,6 +69,9 @@ class UsageRecord:
         the model has no price (metered in tokens only, and flagged so).
     :ivar usage: the ``usage`` object as the upstream last reported it, JSON
         text (every field, the ones not counted above included), or ``""``.
+    :ivar platform: where the upstream served it: ``anthropic``,
+        ``bedrock:global``, ``bedrock:us-east-1``, ``vertex:us``...
+        (:func:`~twisted_relay.platforms.platform_of`).
     """
 
     at: float
@@ -86,6 +89,7 @@ class UsageRecord:
     tokens: dict[str, int]
     cost: Decimal | None
     usage: str = ""
+    platform: str = "anthropic"
 
     @property
     def priced(self) -> bool:

@@ -342,6 +342,9 @@ class _BedrockResource(Resource):
         if tier is not None and tier not in SERVICE_TIERS:
             raise validation(f"1 validation error detected: Value '{tier}' at 'serviceTier' failed to satisfy "
                              f"constraint: Member must satisfy enum value set: [{', '.join(SERVICE_TIERS)}]")
+        if tier is not None:
+            # The tier that served the request, as Bedrock's answers say it.
+            request.setHeader(b"X-Amzn-Bedrock-Service-Tier", tier.encode("ascii"))
         if operation == "count-tokens":
             return _json_answer(request, bedrock.count(body, resolved, account, headers))
         message, anthropic, turn = bedrock.answer(body, resolved, account, headers)
