@@ -39,7 +39,7 @@ LAYERS = (
     ("settings", ("configfile", "settings")),
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream", "logins", "wires")),
     ("streaming", ("sse_events", "sse")),
-    ("records", ("dumps", "metrics", "spend_limits_sql", "spend_shares_sql", "ledger_sql", "ledger")),
+    ("records", ("dumps", "metrics", "spend_limits_sql", "spend_shares_sql", "ledger_rows", "ledger_sql", "ledger")),
     ("the request path", ("drain", "pacing", "batch", "answer", "attempts", "relayed_request", "app", "site", "admin", "spend_guard", "spend_routes")),
     ("tools", ("replay", "demo", "simulated", "ledger_report")),
     ("the process", ("gctuning", "service", "workers", "worker_process", "tap")),

@@ -25,17 +25,16 @@ import sqlite3
 import time
 import zlib
 from dataclasses import dataclass, field
-from decimal import ROUND_HALF_EVEN, Decimal
-from functools import lru_cache
+from decimal import Decimal
 from typing import Iterable, Sequence
 from urllib.parse import unquote, urlsplit
 
-import ujson
 
 from twisted_relay.redact import redact_text
 from twisted_relay.spend_limits_sql import SCHEMA as _SPEND_LIMITS_SCHEMA
 from twisted_relay.spend_shares_sql import SCHEMA as _SPEND_SHARES_SCHEMA
-from twisted_relay.usage import TOKEN_KINDS, UsageRecord, storable_text
+from twisted_relay.ledger_rows import batch_of, dollars_of
+from twisted_relay.usage import TOKEN_KINDS, UsageRecord
 
 __all__ = [
     "GROUPINGS",
@@ -77,8 +76,6 @@ GROUPINGS = {
 # is a whole number of them. A 64-bit integer holds 9.2 million dollars of
 # them: a row holds at most that (_picos), and sums are made in two parts
 # (totals), since SQLite's SUM of a column fails past it.
-_PICO = Decimal("1e-12")
-_MOST_PICOS = 2**63 - 1
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
 # Seconds to connect to PostgreSQL, and to wait for SQLite's write lock.
 _CONNECT_TIMEOUT = 5
@@ -248,58 +245,6 @@ def open_ledger(target: str, *, create: bool = True) -> "LedgerDatabase":
     if is_postgres(target):
         return PostgresLedger(target, create=create)
     return SQLiteLedger(sqlite_path(target), create=create)
-
-
-def _day(at: float) -> str:
-    # Unix time has no leap seconds: a UTC day is 86,400 of them.
-    return _day_named(int(at // 86400))
-
-
-@lru_cache(maxsize=4)
-def _day_named(number: int) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(number * 86400))
-
-
-def _picos(cost: Decimal | None) -> int | None:
-    if cost is None:
-        return None
-    # Past the 64-bit column only from absurd counts (many iterations of 2**32
-    # tokens): stored as the most it holds, never a batch the database refuses.
-    return min(int(cost.scaleb(12).to_integral_value(ROUND_HALF_EVEN)), _MOST_PICOS)
-
-
-def _dollars(picos) -> Decimal:
-    return (Decimal(int(picos or 0)) * _PICO).normalize() if picos else Decimal(0)
-
-
-def batch_of(records: Sequence[UsageRecord]) -> str:
-    """``records`` as the table's rows, in the one JSON text :meth:`LedgerDatabase.write_batch` takes."""
-    return ujson.dumps([_row(record) for record in records])
-
-
-def _row(record: UsageRecord) -> tuple:
-    """A record as the table's columns, in order."""
-    # Text as it came (a client's headers, an upstream's answer): one NUL in
-    # it would have PostgreSQL refuse the batch, again and again.
-    return (
-        record.request_id,  # the relay's own
-        float(record.at),
-        _day(record.at),
-        storable_text(record.key_name),
-        storable_text(record.key_group),
-        storable_text(record.session_id),
-        storable_text(record.agent_id),
-        storable_text(record.parent_agent_id),
-        storable_text(record.upstream),
-        storable_text(record.platform),
-        storable_text(record.model),
-        int(record.status),
-        int(bool(record.stream)),
-        int(bool(record.partial)),
-        *[record.tokens.get(kind, 0) for kind in TOKEN_KINDS],
-        _picos(record.cost),
-        record.usage or "",
-    )
 
 
 class LedgerDatabase:
@@ -489,7 +434,7 @@ class LedgerDatabase:
                     group=group,
                     requests=int(row[0]),
                     tokens={kind: int(value or 0) for kind, value in zip(TOKEN_KINDS, kinds)},
-                    cost=_dollars(int(micros or 0) * 1_000_000 + int(picos or 0)),
+                    cost=dollars_of(int(micros or 0) * 1_000_000 + int(picos or 0)),
                     unpriced=int(unpriced or 0),
                     partial=int(partial or 0),
                     first=first,
