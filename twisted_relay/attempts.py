@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote
 
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
@@ -33,6 +33,7 @@ from twisted_relay.routing import CLIENT_GONE, Verdict, judge
 from twisted_relay.upstream import read_body
 from twisted_relay.upstream_headers import upstream_request_headers
 from twisted_relay.wires.base import betas_of, check_model_id
+from twisted_relay.wires.openai_stream import LocalAnswer
 
 __all__ = ["Attempts", "Sent", "retry_after"]
 
@@ -52,6 +53,8 @@ class Sent:
     translation: object
     droppable: bool = False
     stream: bool = False
+    #: The translation's context the wire's body form carried (an OpenAI wire's).
+    context: tuple = ()
 
 
 class Attempts:
@@ -181,7 +184,11 @@ class Attempts:
         form = None
         if wire is not None and wire.name != "anthropic":
             check_model_id(attempt.model)
-            path, headers, form = wire.outgoing(relayed.route.name, path, headers, attempt.model, stream)
+            session = relayed.request.requestHeaders.getRawHeaders(b"x-claude-code-session-id")
+            path, headers, form = wire.outgoing(
+                relayed.route.name, path, headers, attempt.model, stream, key=attempt.key,
+                session=session[0].decode("latin-1") if session else None, requested=relayed.requested_model,
+            )
         turn, thread = relayed.turn, None
         if turn is not None:
             if context.threads.upstream_knows:
@@ -201,7 +208,7 @@ class Attempts:
             headers = headers.copy()
             headers.setRawHeaders(b"anthropic-beta", [with_beta(headers.getRawHeaders(b"anthropic-beta"))])
         droppable = prepared.droppable and (wire is None or wire.recovers_bindings)
-        sent = Sent(path, headers, prepared.body, prepared.translation, droppable, stream)
+        sent = Sent(path, headers, prepared.body, prepared.translation, droppable, stream, form.context if form else ())
         relayed.prepared(body.raw, sent)
         return sent
 
@@ -238,7 +245,7 @@ class Attempts:
             wire = client.wire
             if response.code < 300:
                 if wire is not None:
-                    response = wire.answered(kind, sent.stream, response)
+                    response = wire.answered(kind, sent.stream, response, sent.context)
                 return response, None, sent
             if wire is not None and wire.reads_errors:
                 refusal = wire.refusal(kind, response.code, response.headers, await self._read(response, attempt),
@@ -283,6 +290,9 @@ class Attempts:
         fails the attempt (502, ``login``: the next target is tried).
         """
         method, login = self._relayed.request.method, client.login
+        if sent.path is None:
+            # The wire answers this one itself (a Chat upstream's count_tokens): the body is the answer.
+            return succeed(LocalAnswer(sent.body))
         if login is None:
             return client.request(method, sent.path, sent.headers, sent.body)
 

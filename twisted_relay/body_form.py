@@ -26,15 +26,22 @@ class BodyForm(NamedTuple):
     :ivar defaults: fields set only where the client gave none.
     :ivar envelope: the serialised body is wrapped again: ``"bedrock-count"``
         puts it, base64, in Bedrock's CountTokens shape.
+    :ivar translate: the body becomes another protocol's
+        (:func:`twisted_relay.openai.to_upstream_protocol`: ``openai-responses``,
+        ``openai-responses-count``, ``openai-chat``, ``openai-chat-count``).
+    :ivar context: the translation's
+        :class:`~twisted_relay.openai.context.TranslateContext`, as a tuple.
     """
 
     drop: tuple[str, ...] = ()
     add: tuple[tuple[str, Any], ...] = ()
     defaults: tuple[tuple[str, Any], ...] = ()
     envelope: str | None = None
+    translate: str | None = None
+    context: tuple = ()
 
     def __bool__(self) -> bool:
-        return bool(self.drop or self.add or self.defaults or self.envelope)
+        return bool(self.drop or self.add or self.defaults or self.envelope or self.translate)
 
     def apply(self, body: dict) -> dict:
         """``body`` with the edits made (a shallow copy; ``body`` is not changed)."""

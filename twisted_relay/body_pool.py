@@ -38,6 +38,7 @@ from twisted_relay.body_work import (
     ASSUMED_COST_PER_BYTE,
     HEAD_FIELDS,
     INLINE_COST,
+    REFUSED,
     BodyFacts,
     BodyShape,
     Prepared,
@@ -424,6 +425,8 @@ class RequestBody:
         return d.addCallback(lambda result: Deferred.fromCoroutine(self._assemble(result, rules)))
 
     async def _assemble(self, result: tuple, rules: UpstreamRules) -> Prepared:
+        if result[0] == REFUSED:
+            raise RelayError(result[1], result[2], kind="capability", should_retry=False)
         body, head, parts, repairs, count, can_drop, dropping = result
         translation = RequestTranslation.assembled(rules, head)
         clock = self.pool.reactor

@@ -31,7 +31,8 @@ from twisted_relay._json import to_json
 from twisted_relay.affinity import conversation_of
 from twisted_relay.bodies import droppable, dropping_blocks, holds_image
 from twisted_relay.body_form import BodyForm
-from twisted_relay.errors import RelayError
+from twisted_relay.errors import RelayError, capability_rejected
+from twisted_relay.openai import CapabilityRejected, to_upstream_protocol
 from twisted_relay.message_threads.model import ThreadError, conversation_prefix, thread_request, upstream_thread_request
 from twisted_relay.translation import RequestTranslation, UpstreamRules, translate_request
 
@@ -292,7 +293,13 @@ def prepare(body: dict, raw: bytes, model: str | None, rules: UpstreamRules, thr
         sent, data, can_drop = dropping_blocks(sent), None, False
     if form:
         # The wire's edits come last: what the upstream's platform takes.
-        data = form.wrap(to_json(form.apply(sent)))
+        edited = form.apply(sent)
+        if form.translate:
+            try:
+                edited = to_upstream_protocol(form.translate, form.context, edited)
+            except CapabilityRejected as refused:
+                raise capability_rejected(refused.capability) from None
+        data = form.wrap(to_json(edited))
     elif data is None:
         data = to_json(sent)
     repairs, count = [], 0
@@ -318,6 +325,10 @@ def read_in_worker(raw: bytes) -> BodyFacts | tuple[int, str]:
         return facts_of(body)
 
 
+#: The first item of what :func:`prepare_in_worker` gives for a body the attempt refuses.
+REFUSED = "refused"
+
+
 def prepare_in_worker(raw: bytes, model: str | None, rules: tuple, thread: ThreadForm | None, drop_blocks: bool,
                       repairs_shown: int, part_size: int, form: tuple | None = None) -> tuple:
     """
@@ -329,8 +340,12 @@ def prepare_in_worker(raw: bytes, model: str | None, rules: tuple, thread: Threa
     take ``drop_block``, and whether it has it.
     """
     with collector_paused():
-        prepared = prepare(ujson.loads(raw), raw, model, _rules(rules), thread, drop_blocks, repairs_shown,
-                           None if form is None else BodyForm(*form))
+        try:
+            prepared = prepare(ujson.loads(raw), raw, model, _rules(rules), thread, drop_blocks, repairs_shown,
+                               None if form is None else BodyForm(*form))
+        except RelayError as e:
+            # What the upstream cannot take (capability_rejected): the client's 400, not a worker's failure.
+            return (REFUSED, e.status, e.message)
         head, parts = prepared.translation.parts(part_size)
         pickled = [pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL) for part in parts]
         body = None if prepared.body is raw else prepared.body

@@ -86,7 +86,8 @@ class Upstream:
         (:mod:`twisted_relay.wires`): ``anthropic`` (Anthropic's API and
         every surface that speaks it: Foundry, Claude Platform on AWS),
         ``bedrock`` (Amazon Bedrock's InvokeModel), ``vertex`` (Google
-        Vertex AI's rawPredict).
+        Vertex AI's rawPredict), ``openai-responses``, ``openai-chat``
+        (OpenAI's protocols, ``docs/openai.md``).
     :ivar login: how the relay proves who it is to it
         (:class:`LoginSpec`; :mod:`twisted_relay.logins`); ``None``: the
         key pool (:attr:`keys`) as ``x-api-key``, or the client's own.
@@ -101,6 +102,9 @@ class Upstream:
         wire (``None``: the platform's).
     :ivar headers: headers sent with every request to it
         (``anthropic-workspace-id`` for Claude Platform on AWS).
+    :ivar dialect: an ``openai-chat`` upstream's dialect (``deepseek``,
+        ``kimi``, ``gemini``, ``groq``, ``mistral``, ``openrouter``, ``xai``,
+        ``openai``; :mod:`twisted_relay.openai.dialects`); ``None``: ``openai``.
     """
 
     name: str
@@ -123,6 +127,7 @@ class Upstream:
     service_tier: str | None = None
     anthropic_version: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
+    dialect: str | None = None
 
     def platform_model(self, model: str | None) -> str | None:
         """The platform's id for ``model`` (:attr:`models`), or ``model`` itself."""

@@ -81,8 +81,10 @@ _UPSTREAM_KEYS = (
     "service-tier",
     "anthropic-version",
     "headers",
+    "dialect",
 )
-_WIRES = ("anthropic", "bedrock", "vertex")
+_WIRES = ("anthropic", "bedrock", "vertex", "openai-responses", "openai-chat")
+_DIALECTS = ("openai", "deepseek", "kimi", "glm", "gemini", "groq", "mistral", "openrouter", "xai")
 _LOGINS = ("aws", "bedrock-api-key", "google", "azure", "key")
 _SERVICE_TIERS = ("default", "priority", "flex", "reserved")
 _REGION = re.compile(r"^[a-z0-9-]{2,32}$")
@@ -359,6 +361,10 @@ def _cloud_settings(where: _Table, table: dict, environ, folder) -> dict:
     settings["models"] = _string_pairs(where, "models", table.get("models"), None)
     settings["headers"] = _string_pairs(where, "headers", table.get("headers"), _HEADER_NAME)
     settings["login"] = _login(where, table.get("login"), environ, folder)
+    dialect = table.get("dialect")
+    if dialect is not None and (dialect not in _DIALECTS or wire != "openai-chat"):
+        raise where.error("dialect", "applies to an openai-chat wire, and is one of %s" % (", ".join(_DIALECTS),))
+    settings["dialect"] = dialect
     return settings
 
 

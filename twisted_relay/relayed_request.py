@@ -326,7 +326,7 @@ class RelayedRequest:
 
         attempt = attempts.attempt
         exchange = Exchange(
-            self.id, received_at, context.clients[attempt.upstream.name].display_url + sent.path,
+            self.id, received_at, context.clients[attempt.upstream.name].display_url + (sent.path or ""),
             request.requestHeaders, raw, sent.headers, sent.body, sent.translation, attempt, attempts.labels(),
             self.attribution, self.relay_key,
         )

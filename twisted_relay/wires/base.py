@@ -24,6 +24,9 @@ from typing import NamedTuple
 
 import ujson
 from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
@@ -136,7 +139,8 @@ class Wire:
         self.upstream = upstream
         self._clock = clock
 
-    def outgoing(self, kind: str, path: str, headers: Headers, model: str | None, stream: bool) -> Outgoing:
+    def outgoing(self, kind: str, path: str, headers: Headers, model: str | None, stream: bool, *,
+                 key: str | None = None, session: str | None = None, requested: str | None = None) -> Outgoing:
         """
         What one attempt sends.
 
@@ -147,11 +151,21 @@ class Wire:
         :param model: the model this attempt asks for (the target's and the
             upstream's model map applied).
         :param stream: the client asked for a stream.
+        :param key: the attempt's key, if any (an OpenAI wire's reasoning
+            names its account).
+        :param session: Claude Code's session id, if sent.
+        :param requested: the model the client asked for.
         """
         return Outgoing(path, headers)
 
-    def answered(self, kind: str, stream: bool, response):
-        """A 2xx response as the relay reads it: an Anthropic answer (the response itself here)."""
+    def answered(self, kind: str, stream: bool, response, context: tuple = ()):
+        """
+        A 2xx response as the relay reads it: an Anthropic answer (the
+        response itself here).
+
+        :param context: the translation's context the attempt's body form
+            carried, if any.
+        """
         return response
 
     def refusal(self, kind: str, status: int, headers: Headers, body: bytes, model: str | None) -> Refusal:
@@ -200,6 +214,12 @@ class _MappedReader(Protocol):
     def connectionLost(self, reason) -> None:
         body = b"".join(self._chunks)
         self._chunks = []
-        if body:
-            self._protocol.dataReceived(self._mapping(body))
+        if body and reason.check(ResponseDone, PotentialDataLoss):
+            try:
+                mapped = self._mapping(body)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                # An answer the wire cannot read is a broken one (502), never passed on as it came.
+                self._protocol.connectionLost(Failure(ResponseFailed([Failure()])))
+                return
+            self._protocol.dataReceived(mapped)
         self._protocol.connectionLost(reason)

@@ -74,7 +74,7 @@ class BedrockWire(Wire):
     # The recovery's beta would go in a header, which Bedrock ignores.
     recovers_bindings = False
 
-    def outgoing(self, kind: str, path: str, headers: Headers, model: str | None, stream: bool) -> Outgoing:
+    def outgoing(self, kind: str, path: str, headers: Headers, model: str | None, stream: bool, **attempt) -> Outgoing:
         upstream = self.upstream
         version = upstream.anthropic_version or BEDROCK_VERSION
         sent = Headers()
@@ -104,7 +104,7 @@ class BedrockWire(Wire):
         sent.setRawHeaders(b"accept", [b"application/json"])
         return Outgoing(model_path + "invoke", sent, form)
 
-    def answered(self, kind: str, stream: bool, response):
+    def answered(self, kind: str, stream: bool, response, context: tuple = ()):
         if kind == "count_tokens":
             return WholeBodyMapped(response, self.counted)
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]

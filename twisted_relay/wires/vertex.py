@@ -76,7 +76,7 @@ class VertexWire(Wire):
         return "/v1/projects/%s/locations/%s/publishers/anthropic/models/" % (
             quote(upstream.project or "", safe=""), quote(upstream.region or "global", safe=""))
 
-    def outgoing(self, kind: str, path: str, headers: Headers, model: str | None, stream: bool) -> Outgoing:
+    def outgoing(self, kind: str, path: str, headers: Headers, model: str | None, stream: bool, **attempt) -> Outgoing:
         version = self.upstream.anthropic_version or VERTEX_VERSION
         sent = headers.copy()
         sent.removeHeader(b"anthropic-version")
