@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from twisted_relay.openai.capabilities import CapabilityRejected
 from twisted_relay.openai.context import TranslateContext
+from twisted_relay.openai.ids import fit_ids
 
 __all__ = ["TRANSLATIONS", "CapabilityRejected", "TranslateContext", "to_upstream_protocol"]
 
@@ -30,6 +31,12 @@ def to_upstream_protocol(name: str, context: tuple, body: dict) -> dict:
     :raises CapabilityRejected: for what the upstream cannot take.
     """
     ctx = TranslateContext(*context)
+    if name.startswith("openai-responses"):
+        body = fit_ids(body, "responses")
+    elif ctx.dialect == "mistral":
+        body = fit_ids(body, "mistral")
+    else:
+        body = fit_ids(body, "chat")
     if name in ("openai-responses", "openai-responses-count"):
         from twisted_relay.openai.responses_request import to_responses
 
