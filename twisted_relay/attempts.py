@@ -20,8 +20,6 @@ from urllib.parse import quote
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.task import deferLater
-from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 
 from twisted_relay.answer import Exchange, note_repairs
@@ -32,8 +30,7 @@ from twisted_relay.logins import LoginError
 from twisted_relay.routing import CLIENT_GONE, Verdict, judge
 from twisted_relay.upstream import read_body
 from twisted_relay.upstream_headers import upstream_request_headers
-from twisted_relay.wires.base import betas_of, check_model_id
-from twisted_relay.wires.openai_stream import LocalAnswer
+from twisted_relay.wires.base import ReadAnswer, betas_of, check_model_id
 
 __all__ = ["Attempts", "Sent", "retry_after"]
 
@@ -258,7 +255,7 @@ class Attempts:
                     betas_left_out = True
                     sent = replace(sent, headers=_without_betas(sent.headers, refusal.unwanted_betas))
                     continue
-                response = _ReadAnswer(response, refusal.body, code=refusal.status)
+                response = ReadAnswer(response, refusal.body, code=refusal.status)
             # Read only where it decides something (a 429, or a status retried).
             asked = response.code == 429 or response.code in rule.statuses
             asked_wait = retry_after(response.headers) if asked else None
@@ -266,7 +263,7 @@ class Attempts:
             if response.code == 400 and not recovered and self._may_drop_blocks(sent):
                 # Read to be judged; whoever delivers it reads it again.
                 answer = await self._read(response, attempt)
-                response, droppable = _ReadAnswer(response, answer), True
+                response, droppable = ReadAnswer(response, answer), True
             judgement = judge(
                 response.code, pooled=pooled, retry_after=asked_wait, retried=retried, retry=rule,
                 bound_elsewhere=bound_elsewhere(answer), droppable=droppable,
@@ -292,7 +289,7 @@ class Attempts:
         method, login = self._relayed.request.method, client.login
         if sent.path is None:
             # The wire answers this one itself (a Chat upstream's count_tokens): the body is the answer.
-            return succeed(LocalAnswer(sent.body))
+            return succeed(ReadAnswer(None, sent.body))
         if login is None:
             return client.request(method, sent.path, sent.headers, sent.body)
 
@@ -415,51 +412,6 @@ class Attempts:
             upstream=name,
             upstream_model=attempt.model,
         )
-
-
-class _ReadAnswer:
-    """
-    An upstream's response whose body the relay already read (to judge
-    it): ``deliverBody`` gives that body again, at once. Everything else is
-    the response's own.
-    """
-
-    def __init__(self, response, body: bytes, code: int | None = None):
-        self._response = response
-        self._body = body
-        self.code = response.code if code is None else code
-        self.headers = response.headers
-        if code is not None:
-            # The wire's Anthropic envelope, not the upstream's own body.
-            self.headers = response.headers.copy()
-            self.headers.setRawHeaders(b"content-type", [b"application/json"])
-            self.headers.removeHeader(b"content-length")
-        self.length = len(body)
-
-    def __getattr__(self, name):
-        return getattr(self._response, name)
-
-    def deliverBody(self, protocol) -> None:
-        protocol.makeConnection(_ReadTransport())
-        if self._body:
-            protocol.dataReceived(self._body)
-        protocol.connectionLost(Failure(ResponseDone()))
-
-
-class _ReadTransport:
-    """The transport of a body already read: nothing to pause, resume or stop."""
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-    def loseConnection(self) -> None:
-        pass
 
 
 def retry_after(headers: Headers) -> float | None:

@@ -37,12 +37,14 @@ from twisted_relay.logs import bounded
 __all__ = [
     "BodyForm",
     "Outgoing",
+    "ReadAnswer",
     "Refusal",
     "WholeBodyMapped",
     "Wire",
     "anthropic_error",
     "betas_of",
     "check_model_id",
+    "forwarded",
 ]
 
 
@@ -100,6 +102,16 @@ def check_model_id(model: str | None) -> None:
             "model: %s is not a model id this upstream takes." % (bounded(str(model)),)
             if model is not None else "model: a model is required.",
         )
+
+
+def forwarded(headers: Headers, names: tuple[bytes, ...]) -> Headers:
+    """New headers holding the first value of each of ``names`` that ``headers`` has (what a cloud's wire lets through)."""
+    sent = Headers()
+    for name in names:
+        values = headers.getRawHeaders(name)
+        if values:
+            sent.setRawHeaders(name, values[:1])
+    return sent
 
 
 def betas_of(headers: Headers) -> list[str]:
@@ -223,3 +235,56 @@ class _MappedReader(Protocol):
                 return
             self._protocol.dataReceived(mapped)
         self._protocol.connectionLost(reason)
+
+
+class ReadAnswer:
+    """
+    An answer whose body the relay already read (to judge it, or to map an
+    error): ``deliverBody`` gives that body again, at once. With a
+    ``response``, everything else is its own (``code`` replaces its status,
+    the body then being the wire's Anthropic envelope); without one, a 200
+    JSON answer the relay made itself (a Chat upstream's ``count_tokens``).
+    """
+
+    def __init__(self, response, body: bytes, code: int | None = None):
+        self._response = response
+        self._body = body
+        self.length = len(body)
+        if response is None:
+            self.code, self.phrase = 200, b"OK"
+            self.headers = Headers({b"content-type": [b"application/json"]})
+            return
+        self.code = response.code if code is None else code
+        self.headers = response.headers
+        if code is not None:
+            # The wire's Anthropic envelope, not the upstream's own body.
+            self.headers = response.headers.copy()
+            self.headers.setRawHeaders(b"content-type", [b"application/json"])
+            self.headers.removeHeader(b"content-length")
+
+    def __getattr__(self, name):
+        if self._response is None:
+            raise AttributeError(name)
+        return getattr(self._response, name)
+
+    def deliverBody(self, protocol) -> None:
+        protocol.makeConnection(_ReadTransport())
+        if self._body:
+            protocol.dataReceived(self._body)
+        protocol.connectionLost(Failure(ResponseDone()))
+
+
+class _ReadTransport:
+    """The transport of a body already read: nothing to pause, resume or stop."""
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+    def loseConnection(self) -> None:
+        pass

@@ -33,6 +33,7 @@ from twisted_relay.wires.base import (
     Wire,
     anthropic_error,
     betas_of,
+    forwarded,
 )
 from twisted_relay.wires.eventstream import EventStreamToSSE, bedrock_error
 
@@ -77,11 +78,7 @@ class BedrockWire(Wire):
     def outgoing(self, kind: str, path: str, headers: Headers, model: str | None, stream: bool, **attempt) -> Outgoing:
         upstream = self.upstream
         version = upstream.anthropic_version or BEDROCK_VERSION
-        sent = Headers()
-        for name in _FORWARDED:
-            values = headers.getRawHeaders(name)
-            if values:
-                sent.setRawHeaders(name, values[:1])
+        sent = forwarded(headers, _FORWARDED)
         sent.setRawHeaders(b"content-type", [b"application/json"])
         if upstream.service_tier:
             sent.setRawHeaders(b"x-amzn-bedrock-service-tier", [upstream.service_tier.encode("ascii")])

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 from twisted.web.http_headers import Headers
 
-from twisted_relay._json import to_json
 from twisted_relay.body_form import BodyForm
 from twisted_relay.openai.context import TranslateContext
-from twisted_relay.wires.base import Outgoing, Refusal, WholeBodyMapped
+from twisted_relay.wires.base import Outgoing
 from twisted_relay.wires.openai_responses import OpenAIResponsesWire, openai_headers
-from twisted_relay.wires.openai_stream import OpenAIStreamAnswer, openai_refusal
 
 __all__ = ["COUNTED_HERE", "OpenAIChatWire"]
 
@@ -48,22 +46,12 @@ class OpenAIChatWire(OpenAIResponsesWire):
         form = BodyForm(translate="openai-chat", context=context)
         return Outgoing("/chat/completions", openai_headers(headers, key, stream), form)
 
-    def answered(self, kind: str, stream: bool, response, context: tuple = ()):
-        ctx = TranslateContext(*context)
-        content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
-        if stream and content_type.startswith(b"text/event-stream"):
-            from twisted_relay.openai.chat_answer import ChatStream
+    def stream_translator(self, ctx: TranslateContext):
+        from twisted_relay.openai.chat_answer import ChatStream
 
-            return OpenAIStreamAnswer(response, ChatStream(ctx))
-        return WholeBodyMapped(response, lambda body: _whole(body, ctx))
+        return ChatStream(ctx)
 
-    def refusal(self, kind: str, status: int, headers: Headers, body: bytes, model: str | None) -> Refusal:
-        return openai_refusal(status, headers, body)
+    def whole_translation(self, answer: dict, ctx: TranslateContext) -> dict:
+        from twisted_relay.openai.chat_answer import message_of_completion
 
-
-def _whole(body: bytes, ctx: TranslateContext) -> bytes:
-    import ujson
-
-    from twisted_relay.openai.chat_answer import message_of_completion
-
-    return to_json(message_of_completion(ujson.loads(body), ctx))
+        return message_of_completion(answer, ctx)

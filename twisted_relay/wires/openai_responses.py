@@ -17,13 +17,14 @@ mapped, OpenAI's errors into Anthropic's envelope.
 
 from __future__ import annotations
 
+import ujson
 from twisted.web.http_headers import Headers
 
 from twisted_relay._json import to_json
 from twisted_relay.body_form import BodyForm
 from twisted_relay.openai.context import TranslateContext
 from twisted_relay.openai.envelope import account_of
-from twisted_relay.wires.base import Outgoing, Refusal, WholeBodyMapped, Wire
+from twisted_relay.wires.base import Outgoing, Refusal, WholeBodyMapped, Wire, forwarded
 from twisted_relay.wires.openai_stream import OpenAIStreamAnswer, openai_refusal
 
 __all__ = ["OpenAIResponsesWire", "openai_headers"]
@@ -34,11 +35,7 @@ _FORWARDED = (b"user-agent",)
 
 def openai_headers(headers: Headers, key: str | None, stream: bool) -> Headers:
     """The headers of a request to an OpenAI upstream: its key as a bearer token, JSON, SSE for a stream."""
-    sent = Headers()
-    for name in _FORWARDED:
-        values = headers.getRawHeaders(name)
-        if values:
-            sent.setRawHeaders(name, values[:1])
+    sent = forwarded(headers, _FORWARDED)
     sent.setRawHeaders(b"content-type", [b"application/json"])
     sent.setRawHeaders(b"accept", [b"text/event-stream" if stream else b"application/json"])
     if key:
@@ -70,31 +67,31 @@ class OpenAIResponsesWire(Wire):
 
     def answered(self, kind: str, stream: bool, response, context: tuple = ()):
         ctx = TranslateContext(*context)
-        if kind == "count_tokens":
+        if kind == "count_tokens" and self.name == "openai-responses":
             return WholeBodyMapped(response, _counted)
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         if stream and content_type.startswith(b"text/event-stream"):
-            from twisted_relay.openai.responses_answer import ResponsesStream
+            return OpenAIStreamAnswer(response, self.stream_translator(ctx))
+        return WholeBodyMapped(response, lambda body: to_json(self.whole_translation(ujson.loads(body), ctx)))
 
-            return OpenAIStreamAnswer(response, ResponsesStream(ctx))
-        return WholeBodyMapped(response, lambda body: _whole(body, ctx))
+    def stream_translator(self, ctx: TranslateContext):
+        """What turns this protocol's stream into Anthropic's events (:mod:`twisted_relay.openai.responses_answer`)."""
+        from twisted_relay.openai.responses_answer import ResponsesStream
+
+        return ResponsesStream(ctx)
+
+    def whole_translation(self, answer: dict, ctx: TranslateContext) -> dict:
+        """This protocol's whole answer as Anthropic's message."""
+        from twisted_relay.openai.responses_answer import message_of_response
+
+        return message_of_response(answer, ctx)
 
     def refusal(self, kind: str, status: int, headers: Headers, body: bytes, model: str | None) -> Refusal:
         return openai_refusal(status, headers, body)
 
 
-def _whole(body: bytes, ctx: TranslateContext) -> bytes:
-    import ujson
-
-    from twisted_relay.openai.responses_answer import message_of_response
-
-    return to_json(message_of_response(ujson.loads(body), ctx))
-
-
 def _counted(body: bytes) -> bytes:
     """``{"object": "response.input_tokens", "input_tokens": N}`` as Anthropic's ``count_tokens`` answer."""
-    import ujson
-
     try:
         return to_json({"input_tokens": int(ujson.loads(body)["input_tokens"])})
     except (ValueError, KeyError, TypeError):

@@ -23,7 +23,7 @@ from twisted_relay._json import to_json
 from twisted_relay.sse_events import EventFramer, EventTooLarge, parse_event
 from twisted_relay.wires.base import Refusal, anthropic_error
 
-__all__ = ["LocalAnswer", "OpenAIStreamAnswer", "OpenAIStreamToSSE", "openai_refusal", "sse_of"]
+__all__ = ["OpenAIStreamAnswer", "OpenAIStreamToSSE", "openai_refusal", "sse_of"]
 
 
 def sse_of(events) -> bytes:
@@ -109,43 +109,6 @@ class OpenAIStreamAnswer:
 
     def deliverBody(self, protocol) -> None:
         self.original.deliverBody(OpenAIStreamToSSE(protocol, self._translator))
-
-
-class LocalAnswer:
-    """
-    An answer the relay makes itself, in place of an upstream's (a Chat
-    upstream's ``count_tokens``): a 200 with a JSON body, delivered as an
-    upstream's would be.
-    """
-
-    code = 200
-    phrase = b"OK"
-
-    def __init__(self, body: bytes):
-        self._body = body
-        self.length = len(body)
-        self.headers = Headers({b"content-type": [b"application/json"]})
-
-    def deliverBody(self, protocol) -> None:
-        protocol.makeConnection(_NoTransport())
-        protocol.dataReceived(self._body)
-        protocol.connectionLost(Failure(ResponseDone()))
-
-
-class _NoTransport:
-    """The transport of an answer already whole: nothing to pause, resume or stop."""
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-    def loseConnection(self) -> None:
-        pass
 
 
 def openai_refusal(status: int, headers: Headers, body: bytes) -> Refusal:
