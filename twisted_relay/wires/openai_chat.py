@@ -46,6 +46,10 @@ class OpenAIChatWire(OpenAIResponsesWire):
         form = BodyForm(translate="openai-chat", context=context)
         return Outgoing("/chat/completions", openai_headers(headers, key, stream), form)
 
+    def counted(self, response):
+        """The relay's own estimate (:data:`COUNTED_HERE`), already Anthropic's answer."""
+        return response
+
     def stream_translator(self, ctx: TranslateContext):
         from twisted_relay.openai.chat_answer import ChatStream
 

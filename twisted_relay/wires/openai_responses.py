@@ -67,12 +67,16 @@ class OpenAIResponsesWire(Wire):
 
     def answered(self, kind: str, stream: bool, response, context: tuple = ()):
         ctx = TranslateContext(*context)
-        if kind == "count_tokens" and self.name == "openai-responses":
-            return WholeBodyMapped(response, _counted)
+        if kind == "count_tokens":
+            return self.counted(response)
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         if stream and content_type.startswith(b"text/event-stream"):
             return OpenAIStreamAnswer(response, self.stream_translator(ctx))
         return WholeBodyMapped(response, lambda body: to_json(self.whole_translation(ujson.loads(body), ctx)))
+
+    def counted(self, response):
+        """``count_tokens``' answer as Anthropic's: Responses' ``input_tokens`` object mapped."""
+        return WholeBodyMapped(response, _counted)
 
     def stream_translator(self, ctx: TranslateContext):
         """What turns this protocol's stream into Anthropic's events (:mod:`twisted_relay.openai.responses_answer`)."""
