@@ -446,7 +446,7 @@ def check_thread_store(spec: str, timeout: float = DEFAULT_COMMAND_TIMEOUT) -> N
                 if not reply.startswith(b"+"):
                     raise ThreadStoreUnavailable("%s does not answer as a Redis server does" % (address,))
     except OSError as e:
-        raise ThreadStoreUnavailable("%s: %s" % (address, e.strerror or e.__class__.__name__)) from None
+        raise ThreadStoreUnavailable("%s: %s" % (address, e.strerror or str(e) or e.__class__.__name__)) from None
 
 
 # The longest line of a Redis reply the start check reads.
