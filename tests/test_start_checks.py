@@ -7,7 +7,8 @@ process behind (no daemon, no worker); an embedded relay's start raises
 
 The process tests run real ``twistd`` processes, each a second or so; the
 resources are real ones (a closed port where a database or Redis should
-be, a dump folder under a file, TLS files that do not load).
+be, a dump folder under a file, TLS files that do not load, a login's
+variables not set).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def _accepts(port: int) -> bool:
 class TwistdStartTests(SynchronousTestCase):
     """``twistd relay`` and each resource it cannot use: refused before it listens."""
 
-    def refused(self, *args: str, says: str, listen: int | None = None, twistd_options=("-n",), folder=None) -> _StartRun:
+    def refused(self, *args: str, says: str, listen: int | None = None, twistd_options=("-n",), folder=None,
+                upstream=("--upstream", "http://127.0.0.1:9")) -> _StartRun:
         """
         Run ``twistd [twistd_options] relay ARGS`` (with dumps on, their
         default, whose thread kept the process alive before) and check what
@@ -101,7 +103,7 @@ class TwistdStartTests(SynchronousTestCase):
         listen_args = () if listen is not None else ("--listen", "tcp:%d:interface=127.0.0.1" % (port,))
         run = _StartRun(
             self,
-            twistd(*twistd_options, "--pidfile=relay.pid", "relay", "--upstream", "http://127.0.0.1:9", *listen_args, *args),
+            twistd(*twistd_options, "--pidfile=relay.pid", "relay", *upstream, *listen_args, *args),
             listen if listen is not None else port,
             folder=folder,
         )
@@ -179,6 +181,41 @@ class TwistdStartTests(SynchronousTestCase):
             listen = "ssl:%d:interface=127.0.0.1:privateKey=%s:certKey=cert.pem" % (port, key)
             run = self.refused("--listen", listen, listen=port, folder=folder, says="--listen %r: " % (listen,))
             self.assertIn(says, run.output)
+
+    def test_upstream_login(self):
+        """
+        An upstream whose login cannot get its credentials (AWS keys from
+        variables that are not set): named, and the relay does not start
+        (it started, and failed that upstream's requests, before); set, the
+        same configuration starts.
+        """
+        folder = os.path.realpath(self.mktemp())
+        os.makedirs(folder)
+        with open(os.path.join(folder, "relay.toml"), "w") as f:
+            f.write(
+                '[upstreams.bedrock]\nurl = "http://127.0.0.1:9"\nwire = "bedrock"\nregion = "us-east-1"\n'
+                'login = { kind = "aws", access-key-id = "env:START_CHECK_KEY_ID", '
+                'secret-access-key = "env:START_CHECK_SECRET" }\n'
+            )
+        self.refused(
+            "--config", "relay.toml", folder=folder, upstream=(),
+            says="cannot log in to upstream bedrock: AWS keys from $START_CHECK_KEY_ID, $START_CHECK_SECRET: "
+                 "the environment variable START_CHECK_KEY_ID is not set",
+        )
+        port = free_port()
+        env = dict(os.environ, START_CHECK_KEY_ID="AKIDEXAMPLE", START_CHECK_SECRET="start-check-secret-2")
+        process = subprocess.Popen(
+            twistd("-n", "--pidfile=", "relay", "--config", "relay.toml", "--no-dumps", "--drain-delay", "0",
+                   "--listen", "tcp:%d:interface=127.0.0.1" % (port,)),
+            cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.addCleanup(lambda: process.poll() is None and (process.kill(), process.wait()))
+        deadline = time.monotonic() + _END_WITHIN
+        while not _accepts(port) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertTrue(_accepts(port), "the relay did not start with its login's keys set")
+        process.terminate()
+        process.wait(timeout=_END_WITHIN)
 
     def test_daemon(self):
         """Without ``-n`` (a daemon): the same one line and status, and no daemon left holding the port."""

@@ -362,9 +362,10 @@ class Relay:
         starts, before anything listens
         (:class:`~twisted_relay.start_checks.StartCheck`; the first that
         fails makes its start raise a :class:`StartupError`). ``None``: the
-        resources ``config`` names (:func:`~twisted_relay.start_checks.start_checks_for`);
-        ``()`` when they were checked already (``twistd relay`` does, before
-        it daemonizes).
+        resources ``config`` names but the upstreams' logins
+        (:func:`~twisted_relay.start_checks.start_checks_for`); ``()`` when
+        they were checked already (``twistd relay`` does, logins included,
+        before it daemonizes).
     """
 
     def __init__(
@@ -437,7 +438,10 @@ class Relay:
         self.service = _RelayService(
             self.app, config.shutdown_grace, reactor=reactor, drain_delay=config.drain_delay
         )
-        self.service.start_checks = tuple(start_checks_for(config, reactor) if start_checks is None else start_checks)
+        if start_checks is None:
+            # Not the logins': they fetch off the reactor as the service starts.
+            start_checks = start_checks_for(config, reactor, logins=False)
+        self.service.start_checks = tuple(start_checks)
         if shared_metrics is not None:
             # Stopped last: removed once every worker has ended.
             shared_metrics.setServiceParent(self.service)

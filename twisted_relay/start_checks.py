@@ -5,10 +5,11 @@ What the relay opens or checks before it listens on any port.
 A relay that listens and only then finds that it cannot open its usage
 ledger holds a port and serves nothing, while a supervisor and a load
 balancer see it up. So every resource the configuration names is tried
-first, each by a :class:`StartCheck`: the usage ledger is opened (its
-tables made if missing), a Redis thread store must answer, the dump folder
-must take a file, and every ``--listen`` endpoint is made (an ``ssl:`` one
-reads its key and certificates). The first that fails is a
+first, each by a :class:`StartCheck`: every ``--listen`` endpoint is made
+(an ``ssl:`` one reads its key and certificates), the usage ledger is
+opened (its tables made if missing), a Redis thread store must answer, the
+dump folder must take a file, and each upstream's login gets its
+credentials. The first that fails is a
 :class:`StartupError` whose text is one line naming it.
 
 Who runs them (:func:`run_start_checks`): ``twistd relay`` as it makes the
@@ -18,8 +19,9 @@ its listeners (an application that embeds the relay, each ``--workers``
 process). The key files and the ``--config`` file are read earlier still,
 with the options (:mod:`twisted_relay.settings`).
 
-A resource of a new kind adds its check in :func:`start_checks_for`: the
-upstreams' credentials, once upstreams log in on their own, go there too.
+A resource of a new kind adds its check in :func:`start_checks_for`, as the
+upstreams' logins do (each gets its credentials once, blocking:
+:meth:`twisted_relay.logins.Login.check`; ``twistd relay`` only, see there).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from twisted.internet.error import CannotListenError, VerifyError
 
 from twisted_relay.config import RelayConfig
 from twisted_relay.ledger_sql import LedgerError, open_ledger
+from twisted_relay.logins import LoginError, LoginThreads, login_for
 from twisted_relay.message_threads.store import ThreadStoreUnavailable, check_thread_store
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "StartupError",
     "dump_folder_takes_files",
     "ledger_opens",
+    "login_gets_credentials",
     "one_line_reason",
     "run_start_checks",
     "start_checks_for",
@@ -142,11 +146,18 @@ def dump_folder_takes_files(folder: str) -> None:
     os.unlink(path)
 
 
-def start_checks_for(config: RelayConfig, reactor=None) -> list[StartCheck]:
+def start_checks_for(config: RelayConfig, reactor=None, *, logins: bool = True) -> list[StartCheck]:
     """
     The checks of the resources ``config`` names, in the order they run.
 
-    :param reactor: the reactor the endpoints are made for (the global one by default).
+    :param reactor: the reactor the endpoints and logins are made for (the
+        global one by default).
+    :param logins: with the upstreams' logins: each gets its credentials
+        here, blocking, from a server that may take long to answer (a
+        cloud's token endpoint). ``twistd relay`` checks them before its
+        reactor runs; a relay's own service does not (on a running reactor
+        the wait could be for a server that reactor serves): its logins
+        fetch off the reactor as it starts, and a failure is logged.
     """
     if reactor is None:
         from twisted.internet import reactor
@@ -172,6 +183,29 @@ def start_checks_for(config: RelayConfig, reactor=None) -> list[StartCheck]:
                 (OSError,),
             )
         )
-    # The upstreams' own credentials (a cloud login), once they have them,
-    # are checked here too: one StartCheck each, "cannot log in to upstream NAME".
+    for upstream in config.upstreams if logins else ():
+        if upstream.login is not None:
+            checks.append(
+                StartCheck(
+                    "cannot log in to upstream %s" % (upstream.name,),
+                    lambda upstream=upstream: login_gets_credentials(upstream, reactor),
+                    (LoginError,),
+                )
+            )
     return checks
+
+
+def login_gets_credentials(upstream, reactor) -> None:
+    """
+    Make ``upstream``'s login from its settings (one that cannot work fails
+    here) and get its credentials now, blocking
+    (:meth:`~twisted_relay.logins.Login.check`).
+    """
+    try:
+        login = login_for(upstream, reactor, LoginThreads(reactor))
+    except LoginError as e:
+        # (Its text begins with the upstream's name, which the line already gives.)
+        where = "upstream %s: " % (upstream.name,)
+        text = str(e)
+        raise LoginError(text[len(where):] if text.startswith(where) else text) from None
+    login.check()
