@@ -141,7 +141,11 @@ def dump_folder_takes_files(folder: str) -> None:
     then write and remove a file in it (0600).
     """
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    fd, path = tempfile.mkstemp(prefix=".start-check.", suffix=".tmp", dir=folder)
+    try:
+        fd, path = tempfile.mkstemp(prefix=".start-check.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        # Named by the folder: the file's random name would say nothing.
+        raise OSError(e.errno, e.strerror, folder) from None
     os.close(fd)
     os.unlink(path)
 
