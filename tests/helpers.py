@@ -87,6 +87,33 @@ def start_twistd(testcase, *args: str) -> tuple[subprocess.Popen, str]:
     return process, log_path
 
 
+def self_signed_pem(name: str) -> bytes:
+    """A self-signed certificate and its key, as PEM (made with cryptography, on any Twisted)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return certificate.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    )
+
+
 def pids_answering(port: int, want: int, seconds: float = 30.0) -> set[int]:
     """The pids answering ``/health`` on ``port``, over fresh connections, until ``want`` are seen."""
     pids: set[int] = set()

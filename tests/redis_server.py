@@ -27,10 +27,12 @@ class RedisServer:
     One ``redis-server`` process.
 
     :ivar port: where it listens (kept across :meth:`stop` and :meth:`start`).
+    :param password: what it asks of clients (``requirepass``), if anything.
     """
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, *, password: str | None = None):
         self.port = port or free_port()
+        self._password = password
         self._process: subprocess.Popen | None = None
 
     @property
@@ -41,7 +43,8 @@ class RedisServer:
         """Start it and wait (bounded) until it accepts connections."""
         self._process = subprocess.Popen(
             [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--protected-mode", "yes"],
+             "--appendonly", "no", "--protected-mode", "yes",
+             *(["--requirepass", self._password] if self._password else [])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -50,7 +53,8 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
                     sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
+                    # (With a password, an unauthenticated PING is refused: it answers.)
+                    if sock.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return
             except OSError:
                 pass

@@ -42,7 +42,7 @@ LAYERS = (
     ("records", ("dumps", "metrics", "spend_limits_sql", "spend_shares_sql", "ledger_rows", "ledger_sql", "ledger")),
     ("the request path", ("drain", "pacing", "batch", "answer", "attempts", "relayed_request", "app", "site", "admin", "spend_guard", "spend_routes")),
     ("tools", ("replay", "demo", "simulated", "ledger_report")),
-    ("the process", ("gctuning", "service", "workers", "worker_process", "tap")),
+    ("the process", ("gctuning", "start_checks", "service", "workers", "worker_process", "tap")),
 )
 
 

@@ -359,7 +359,9 @@ class UpstreamTLSTests(TestCase):
 
         from twisted_relay.errors import RelayError
 
-        certificate = ssl.PrivateCertificate.loadPEM(_self_signed_pem("localhost"))
+        from tests.helpers import self_signed_pem
+
+        certificate = ssl.PrivateCertificate.loadPEM(self_signed_pem("localhost"))
         port = reactor.listenSSL(0, Site(Resource()), certificate.options(), interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         client = UpstreamClient(reactor, "https://127.0.0.1:%d" % (port.getHost().port,))
@@ -486,33 +488,6 @@ class TreqLegTests(SynchronousTestCase):
             relay.flush()
             self.assertEqual(b"".join(collector.calls), b"".join(events[: i + 1]), i)
         self.assertIsInstance(self.successResultOf(collector.done), ResponseDone)
-
-
-def _self_signed_pem(name: str) -> bytes:
-    """A self-signed certificate and its key, as PEM (made with cryptography, on any Twisted)."""
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.x509.oid import NameOID
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    return certificate.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
-    )
 
 
 class UnreachableInMemoryTests(SynchronousTestCase):

@@ -16,15 +16,17 @@ from __future__ import annotations
 import os
 import signal
 from contextlib import contextmanager
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService, Service
 from twisted.internet import endpoints
 from twisted.internet.defer import DeferredList, maybeDeferred, succeed
 from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from twisted_relay import _twisted
 from twisted_relay._version import __version__
@@ -38,6 +40,14 @@ from twisted_relay.metrics import RelayMetrics, SharedMetricsFolder
 from twisted_relay.routing import Router
 from twisted_relay.settings import SIMULATED_CLOUDS, ListenCheck, ReloadResult, SettingsError, reload_config
 from twisted_relay.site import RelaySite
+from twisted_relay.start_checks import (
+    ENDPOINT_ERRORS,
+    StartCheck,
+    StartupError,
+    one_line_reason,
+    run_start_checks,
+    start_checks_for,
+)
 from twisted_relay.upstream import UpstreamClient, UpstreamClients, display_url
 from twisted_relay.workers import ReusePortListener, WorkerProcesses, shareable
 
@@ -46,26 +56,6 @@ _LISTENERS = (StreamServerEndpointService, ReusePortListener)
 
 __all__ = ["Relay", "RelaySite", "StartupError", "listen_checker", "make_service"]
 
-
-class StartupError(Exception):
-    """
-    The relay cannot start for a reason its user can fix (a port in use, a
-    folder that does not exist, a missing certificate); its text says so
-    in one line.
-    """
-
-
-def _reason(error: Exception) -> str:
-    """An OS error's own words (``Address already in use``), and the file it names."""
-    if isinstance(error, CannotListenError) and isinstance(error.socketError, Exception):
-        error = error.socketError
-    if isinstance(error, OSError) and error.strerror:
-        # (A failed link or rename names its second file too: the one that matters.)
-        filename = error.filename2 if error.filename2 is not None else error.filename
-        if filename is not None:
-            return "%s: %s" % (error.strerror, filename)
-        return error.strerror
-    return str(error)
 
 _log = Logger()
 
@@ -175,6 +165,29 @@ class _ReloadOnHangup(Service):
         self._reactor.callFromThread(self._relay.reload)
 
 
+@implementer(IStreamServerEndpoint)
+class _EndpointOfDescription:
+    """
+    A ``--listen`` endpoint, made from its description when it listens:
+    what is wrong with it (an ``ssl:`` endpoint's TLS files) is then found
+    by the start checks, before any port listens, not when the relay is built.
+    """
+
+    def __init__(self, reactor, description: str):
+        self._reactor = reactor
+        self.description = description
+
+    def listen(self, factory):
+        return endpoints.serverFromString(self._reactor, self.description).listen(factory)
+
+
+def _start_order(service) -> int:
+    """Listeners start first, then the usage ledger, then the rest (in the order they were added)."""
+    if isinstance(service, _LISTENERS):
+        return 0
+    return 1 if isinstance(service, Ledger) else 2
+
+
 class _RelayService(MultiService):
     """
     The relay's services, stopped in order for a graceful shutdown: stop
@@ -194,6 +207,8 @@ class _RelayService(MultiService):
         self.descriptions: dict = {}
         # Fields of the start-up line (a callable), or None for no line.
         self.describe = None
+        # What is opened or checked before any child starts (once).
+        self.start_checks: tuple[StartCheck, ...] = ()
 
     @contextmanager
     def _one_line_errors(self, service):
@@ -205,24 +220,50 @@ class _RelayService(MultiService):
         except (CannotListenError, OSError) as e:
             description = self.descriptions.get(service)
             if description is not None:
-                raise StartupError("cannot listen on %s: %s" % (description, _reason(e))) from e
-            raise StartupError("cannot start: %s" % (_reason(e),)) from e
+                raise StartupError("cannot listen on %s: %s" % (description, one_line_reason(e))) from e
+            raise StartupError("cannot start: %s" % (one_line_reason(e),)) from e
+
+    def _check_before_listening(self) -> None:
+        """
+        Run the start checks, before any child starts: when one fails,
+        nothing has listened and nothing runs (the error ends the start).
+        """
+        if not self.start_checks:
+            return
+        try:
+            run_start_checks(self.start_checks)
+        except StartupError:
+            self._remove_shared_metrics(started=())
+            raise
+        self.start_checks = ()
+
+    def _remove_shared_metrics(self, started) -> None:
+        for service in self:
+            if isinstance(service, SharedMetricsFolder) and service not in started:
+                # Made when the relay was built: removed even if never started.
+                service.stopService()
 
     def privilegedStartService(self):
+        self._check_before_listening()
         Service.privilegedStartService(self)
         for service in self:
             with self._one_line_errors(service):
                 service.privilegedStartService()
 
     def startService(self):
+        # (Already done when privilegedStartService was called.)
+        self._check_before_listening()
         Service.startService(self)
         # Twisted's internals the relay relies on are checked now, once
         # (twisted_relay/_twisted.py); a part built earlier may have already.
         _twisted.activate()
         started = []
         # Listeners first: a port in use fails the start before anything
-        # else runs (nothing is served before the whole start is done).
-        services = sorted(self, key=lambda service: not isinstance(service, _LISTENERS))
+        # else runs (nothing is served before the whole start is done);
+        # then the ledger, which opens its database again, before the
+        # services that start threads (which a failed start could not stop:
+        # the reactor never runs).
+        services = sorted(self, key=_start_order)
         try:
             for service in services:
                 with self._one_line_errors(service):
@@ -236,10 +277,7 @@ class _RelayService(MultiService):
                     service.stopService()
                 except Exception:
                     self.log.failure("Stopping {service} after a failed start", service=service)
-            for service in self:
-                if isinstance(service, SharedMetricsFolder) and service not in started:
-                    # Made when the relay was built: removed even if never started.
-                    service.stopService()
+            self._remove_shared_metrics(started)
             raise
         if self.describe is not None:
             self.log.info(
@@ -320,6 +358,14 @@ class Relay:
     :param ledger: where each answer's usage record goes (an object with
         ``record(UsageRecord)`` that never blocks nor raises) in place of the
         ledger ``config.usage_db`` names; ``None``: that one, if any.
+    :param start_checks: what :attr:`service` opens or checks when it
+        starts, before anything listens
+        (:class:`~twisted_relay.start_checks.StartCheck`; the first that
+        fails makes its start raise a :class:`StartupError`). ``None``: the
+        resources ``config`` names but the upstreams' logins
+        (:func:`~twisted_relay.start_checks.start_checks_for`); ``()`` when
+        they were checked already (``twistd relay`` does, logins included,
+        before it daemonizes).
     """
 
     def __init__(
@@ -330,6 +376,7 @@ class Relay:
         worker: bool = False,
         command_line: Mapping[str, object] | None = None,
         ledger=None,
+        start_checks: Sequence[StartCheck] | None = None,
     ):
         if reactor is None:
             from twisted.internet import reactor
@@ -391,6 +438,10 @@ class Relay:
         self.service = _RelayService(
             self.app, config.shutdown_grace, reactor=reactor, drain_delay=config.drain_delay
         )
+        if start_checks is None:
+            # Not the logins': they fetch off the reactor as the service starts.
+            start_checks = start_checks_for(config, reactor, logins=False)
+        self.service.start_checks = tuple(start_checks)
         if shared_metrics is not None:
             # Stopped last: removed once every worker has ended.
             shared_metrics.setServiceParent(self.service)
@@ -421,7 +472,7 @@ class Relay:
                 listener = ReusePortListener(reactor, description, site)
                 shared.append(listener)
             else:
-                listener = StreamServerEndpointService(endpoints.serverFromString(reactor, description), site)
+                listener = StreamServerEndpointService(_EndpointOfDescription(reactor, description), site)
                 # A port already in use stops twistd with a clear error at start.
                 _twisted.raise_listen_errors(listener)
             self.service.descriptions[listener] = description
@@ -516,15 +567,22 @@ class Relay:
 
 
 def make_service(
-    config: RelayConfig, reactor=None, *, command_line: Mapping[str, object] | None = None
+    config: RelayConfig,
+    reactor=None,
+    *,
+    command_line: Mapping[str, object] | None = None,
+    start_checks: Sequence[StartCheck] | None = None,
 ) -> MultiService:
     """
-    The relay as one service that listens on ``config.listen``.
+    The relay as one service that listens on ``config.listen``; its start
+    raises :class:`StartupError` (and nothing listens) when a resource of
+    ``config`` cannot be opened.
 
     :param command_line: the options given on the command line ``config``
         was built from, read again with the file on reload (see :class:`Relay`).
+    :param start_checks: what its start tries first (see :class:`Relay`).
     """
-    return Relay(config, reactor, command_line=command_line).service
+    return Relay(config, reactor, command_line=command_line, start_checks=start_checks).service
 
 
 def listen_checker(reactor=None) -> ListenCheck:
@@ -537,12 +595,6 @@ def listen_checker(reactor=None) -> ListenCheck:
         from twisted.internet import reactor
 
     def check(description: str, shared: bool) -> None:
-        if shared:
-            if not shareable(reactor, description):
-                raise SettingsError(
-                    "--workers shares tcp: and tcp6: endpoints only, not --listen %r." % (description,)
-                )
-            return
         try:
             endpoints.serverFromString(reactor, description)
         except IndexError:
@@ -556,5 +608,10 @@ def listen_checker(reactor=None) -> ListenCheck:
             raise SettingsError("--listen %r: %s: %s" % (description, e.strerror or e, e.filename or ""))
         except (ValueError, TypeError, KeyError) as e:
             raise SettingsError("--listen %r is not a valid endpoint: %s" % (description, e))
+        except ENDPOINT_ERRORS as e:
+            # A TLS key or certificate that does not load, or a pair that does not match.
+            raise SettingsError("--listen %r: %s" % (description, one_line_reason(e)))
+        if shared and not shareable(reactor, description):
+            raise SettingsError("--workers shares tcp: and tcp6: endpoints only, not --listen %r." % (description,))
 
     return check

@@ -13,9 +13,11 @@ reads the file again with them.
 from __future__ import annotations
 
 import getopt
+import os
 import sys
 
 from twisted.python import usage
+from twisted.python.util import runAsEffectiveUser
 
 from twisted_relay.settings import FLAGS, PARAMETERS, SettingsError, read_settings
 
@@ -145,8 +147,58 @@ def _say_startup_errors_in_one_line() -> None:
 
 
 def makeService(options: Options, reactor=None):
-    """Make the relay's service from parsed ``twistd relay`` options."""
+    """
+    Make the relay's service from parsed ``twistd relay`` options, once
+    every resource they name opens (:mod:`twisted_relay.start_checks`).
+
+    The resources are tried here, before twistd logs, daemonizes or binds
+    anything, as twistd will run the relay (its ``--rundir``, ``--umask``,
+    ``--uid`` and ``--gid``): one that fails ends the process with its one
+    line and exit status 1, as an option error does, and no process is left
+    (no daemon, no worker). Under ``--chroot``, where paths mean something
+    else, the relay's service tries them itself, before it listens.
+    """
     from twisted_relay.service import make_service
+    from twisted_relay.start_checks import StartupError, run_start_checks, start_checks_for
 
     _say_startup_errors_in_one_line()
-    return make_service(options.config, reactor, command_line=options.command_line)
+    twistd = options.parent
+    checked = None
+    if twistd is None or not twistd.get("chroot"):
+        try:
+            _as_twistd_runs(twistd, run_start_checks, start_checks_for(options.config, reactor))
+        except StartupError as e:
+            raise SystemExit("twistd relay: %s" % (e,))
+        checked = ()
+    return make_service(options.config, reactor, command_line=options.command_line, start_checks=checked)
+
+
+def _as_twistd_runs(twistd, function, *args):
+    """
+    ``function(*args)`` in the folder, with the umask and as the user that
+    twistd's options ``twistd`` (``None``: none) will give the relay's
+    process once it has made the service.
+    """
+    if twistd is None:
+        return function(*args)
+    folder = os.getcwd()
+    umask = twistd.get("umask")
+    if umask is None and not twistd.get("nodaemon"):
+        umask = 0o077  # twistd's own for a daemon
+    uid, gid = twistd.get("uid"), twistd.get("gid")
+    if uid is not None and gid is None:
+        import pwd  # (twistd takes --uid on Unix only)
+
+        gid = pwd.getpwuid(uid).pw_gid
+    os.chdir(twistd.get("rundir") or ".")
+    previous_umask = os.umask(umask) if umask is not None else None
+    try:
+        if os.getuid() == 0 and (uid is not None or gid is not None):
+            return runAsEffectiveUser(
+                uid if uid is not None else os.geteuid(), gid if gid is not None else os.getegid(), function, *args
+            )
+        return function(*args)
+    finally:
+        if previous_umask is not None:
+            os.umask(previous_umask)
+        os.chdir(folder)

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     from twisted.logger import FileLogObserver, eventAsJSON, globalLogBeginner
 
     from twisted_relay.service import Relay
+    from twisted_relay.start_checks import StartupError
 
     given = worker_settings(os.environ)
     if given is None:
@@ -55,7 +56,14 @@ def main(argv: list[str] | None = None) -> None:
     if config.config_file is not None:
         # The first process passes SIGHUP on once it has read the file again.
         signal.signal(signal.SIGHUP, lambda signum, frame: reactor.callFromThread(relay.reload))
-    relay.service.startService()
+    try:
+        # Its resources are tried again first (the start checks), before it shares the ports.
+        relay.service.startService()
+    except StartupError as e:
+        # One line, which the first process logs; it starts this worker again later.
+        name = (sys.argv[1:] if argv is None else argv) or ["worker"]
+        sys.stderr.write("twistd relay %s: %s\n" % (name[0], e))
+        raise SystemExit(1)
     reactor.addSystemEventTrigger("before", "shutdown", relay.service.stopService)
     StandardIO(_FirstProcessWatch(reactor), stdin=0, stdout=os.open(os.devnull, os.O_WRONLY))
     reactor.run()

@@ -20,7 +20,9 @@ contents never reach a log.
 
 from __future__ import annotations
 
+import socket
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -44,6 +46,8 @@ __all__ = [
     "IThreadStore",
     "MemoryThreadStore",
     "RedisThreadStore",
+    "ThreadStoreUnavailable",
+    "check_thread_store",
     "thread_store_for",
 ]
 
@@ -296,19 +300,14 @@ class RedisThreadStore:
         """
         import txredisapi
 
-        parts = urlsplit(url)
-        if parts.scheme != "redis" or not parts.hostname:
-            raise ValueError("the thread store must be memory or a redis://host[:port][/db] URL")
-        path = parts.path.strip("/")
-        if path and not path.isdigit():
-            raise ValueError("the database of a redis:// URL is a number")
+        address = _RedisAddress.of(url)
         timeout = options.get("command_timeout", DEFAULT_COMMAND_TIMEOUT)
         connection = txredisapi.lazyConnection(
-            parts.hostname,
-            parts.port or 6379,
-            dbid=int(path) if path else None,
-            password=unquote(parts.password) if parts.password else None,
-            username=unquote(parts.username) if parts.username else None,
+            address.host,
+            address.port,
+            dbid=address.db,
+            password=address.password,
+            username=address.username,
             charset=None,
             connectTimeout=timeout,
             replyTimeout=timeout,
@@ -375,6 +374,89 @@ class RedisThreadStore:
 
     def __repr__(self) -> str:
         return "<RedisThreadStore>"
+
+
+class ThreadStoreUnavailable(Exception):
+    """The thread store does not answer at start; the text is one line, with no password."""
+
+
+@dataclass(frozen=True)
+class _RedisAddress:
+    """Where a ``redis://[user:password@]host[:port][/db]`` URL points, and how to log in there."""
+
+    host: str
+    port: int
+    db: int | None
+    username: str | None
+    password: str | None
+
+    @classmethod
+    def of(cls, url: str) -> _RedisAddress:
+        """:raises ValueError: for a URL that is not ``redis://``."""
+        parts = urlsplit(url)
+        if parts.scheme != "redis" or not parts.hostname:
+            raise ValueError("the thread store must be memory or a redis://host[:port][/db] URL")
+        path = parts.path.strip("/")
+        if path and not path.isdigit():
+            raise ValueError("the database of a redis:// URL is a number")
+        return cls(
+            parts.hostname,
+            parts.port or 6379,
+            int(path) if path else None,
+            unquote(parts.username) if parts.username else None,
+            unquote(parts.password) if parts.password else None,
+        )
+
+    def __str__(self) -> str:
+        # For messages: no user, no password.
+        host = "[%s]" % (self.host,) if ":" in self.host else self.host
+        return "redis://%s:%d%s" % (host, self.port, "" if self.db is None else "/%d" % (self.db,))
+
+
+def check_thread_store(spec: str, timeout: float = DEFAULT_COMMAND_TIMEOUT) -> None:
+    """
+    Ask the store ``spec`` names (a ``--thread-store`` value) whether it
+    answers, at once and blocking (the relay's start check, made before it
+    listens; :mod:`twisted_relay.start_checks`): a Redis server must take
+    the URL's password and database and answer a ``PING`` within
+    ``timeout`` seconds per step. The memory store always answers.
+
+    :raises ThreadStoreUnavailable: saying why, in one line.
+    """
+    if spec == "memory":
+        return
+    address = _RedisAddress.of(spec)
+    commands = []
+    if address.password is not None:
+        commands.append([b"AUTH"] + ([address.username] if address.username else []) + [address.password])
+    if address.db is not None:
+        commands.append([b"SELECT", b"%d" % (address.db,)])
+    commands.append([b"PING"])
+    try:
+        with socket.create_connection((address.host, address.port), timeout=timeout) as connection:
+            replies = connection.makefile("rb")
+            for command in commands:
+                connection.sendall(_resp(command))
+                reply = replies.readline(_MAX_REPLY_LINE)
+                if reply.startswith(b"-"):
+                    # An error reply (NOAUTH, WRONGPASS, a database out of range) never holds the password.
+                    raise ThreadStoreUnavailable(
+                        "%s refused %s: %s" % (address, command[0].decode(), reply[1:].decode("utf-8", "replace").strip())
+                    )
+                if not reply.startswith(b"+"):
+                    raise ThreadStoreUnavailable("%s does not answer as a Redis server does" % (address,))
+    except OSError as e:
+        raise ThreadStoreUnavailable("%s: %s" % (address, e.strerror or str(e) or e.__class__.__name__)) from None
+
+
+# The longest line of a Redis reply the start check reads.
+_MAX_REPLY_LINE = 4096
+
+
+def _resp(command: list) -> bytes:
+    """One command in Redis's protocol (RESP): an array of bulk strings."""
+    parts = [value.encode("utf-8") if isinstance(value, str) else value for value in command]
+    return b"*%d\r\n" % (len(parts),) + b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)
 
 
 def thread_store_for(
