@@ -14,6 +14,7 @@ import ujson
 from tests.faulty_upstream import RawBytes, parse_response
 from tests.helpers import encode, messages_body, readme
 from tests.test_faults import FaultTestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 
 class HopByHopTests(FaultTestCase):
@@ -104,3 +105,18 @@ class HugeHeaderTests(FaultTestCase):
         self.assertNotIn("<", message)
         self.assertNotIn("Failure", message)
         self.assertIn("header line longer than the relay reads", message)
+
+
+class ClientCredentialsTests(SynchronousTestCase):
+    """A client's credentials never go upstream when the relay holds the key (its relay key in any header)."""
+
+    def test_every_credential_header_stripped(self):
+        from twisted.web.http_headers import Headers
+
+        from twisted_relay.upstream_headers import upstream_request_headers
+
+        client = Headers({b"x-api-key": [b"rk-relay-key"], b"api-key": [b"rk-relay-key"],
+                          b"authorization": [b"Bearer rk-relay-key"]})
+        sent = upstream_request_headers(client, "pool-key", strip_credentials=True)
+        self.assertEqual(sent.getRawHeaders(b"x-api-key"), [b"pool-key"])
+        self.assertNotIn(b"rk-relay-key", b" ".join(v for _, values in sent.getAllRawHeaders() for v in values))

@@ -328,3 +328,51 @@ login = { kind = "key", key = "env:FOUNDRY_KEY", headers = "x-api-key,api-key" }
                 read("[upstreams.u]\n" + table + "\n")
             self.assertIn(words, str(caught.exception))
             self.assertEqual(len(str(caught.exception).splitlines()), 1)
+
+
+class LoginSecretTests(SynchronousTestCase):
+    """A login's secret written in the configuration is never taken for a name, nor shown."""
+
+    def test_literal_secrets_never_shown(self):
+        from twisted.internet.task import Clock
+
+        from twisted_relay.config import LoginSpec
+        from twisted_relay.logins import LoginError, LoginThreads, login_for
+
+        secret = "ABSKQmVkcm9ja0FQSUtleS1zZWNyZXQtdmFsdWU="
+        upstream = Upstream("b", BEDROCK.url, wire="bedrock", region="us-east-1",
+                            login=LoginSpec("bedrock-api-key", (("key", secret),)))
+        login = login_for(upstream, Clock(), LoginThreads(Clock()))
+        self.assertNotIn(secret, repr(login))
+        unset = Upstream("b", BEDROCK.url, wire="bedrock", region="us-east-1",
+                         login=LoginSpec("bedrock-api-key", (("key", "env:TEST_WIRES_UNSET_VARIABLE"),)))
+        with self.assertRaises(LoginError) as caught:
+            login_for(unset, Clock(), LoginThreads(Clock()))
+        self.assertIn("TEST_WIRES_UNSET_VARIABLE", str(caught.exception))
+
+    def test_aws_keys_one_way(self):
+        """An AWS login's keys all from the environment, or all written out (a mix signed with "env:X" as the secret)."""
+        from twisted_relay.configfile import ConfigFileError, load
+
+        folder = self.mktemp()
+        os.makedirs(folder)
+        path = os.path.join(folder, "relay.toml")
+        with open(path, "w") as f:
+            f.write('[upstreams.b]\nwire = "bedrock"\nregion = "us-east-1"\n'
+                    'login = { kind = "aws", access-key-id = "AKIAWRITTENOUT", secret-access-key = "env:S" }\n')
+        with self.assertRaises(ConfigFileError) as caught:
+            load(path, {}, environ={"S": "wJalrXUtnFEMI"})
+        self.assertNotIn("AKIAWRITTENOUT", str(caught.exception))
+        self.assertNotIn("wJalrXUtnFEMI", str(caught.exception))
+
+    def test_credential_refusals_hide_the_message(self):
+        """Bedrock's refusal of the relay's credentials may hold its canonical request (the session token): never echoed."""
+        token = "IQoJb3JpZ2luX2VjEXAMPLESESSIONTOKEN"
+        message = ("The request signature we calculated does not match the signature you provided.\\n\\n"
+                   "The Canonical String for this request should have been\\n'POST\\n/model/x/invoke\\n\\n"
+                   "x-amz-security-token:%s'" % (token,))
+        for kind in ("InvalidSignatureException", "AccessDeniedException", "UnrecognizedClientException"):
+            refusal = wire_for(BEDROCK).refusal("messages", 403, headers(x_amzn_ErrorType=kind),
+                                                ujson.dumps({"message": message}).encode(), "m")
+            self.assertNotIn(token.encode(), refusal.body)
+            self.assertEqual(refusal.status, 502)

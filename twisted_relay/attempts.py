@@ -170,13 +170,11 @@ class Attempts:
             strip_credentials=bool(context.relay_keys) or upstream.login is not None,
             forward_attribution=context.config.forward_attribution,
         )
-        for name, value in upstream.headers:
-            headers.setRawHeaders(name.encode("ascii"), [value.encode("utf-8")])
         if body is None:
             model_id = relayed.model_id
             if model_id is not None and attempt.model is not None and attempt.model != model_id:
                 path = _renamed_model_path(path, attempt.model)
-            return Sent(path, headers, None, None)
+            return Sent(path, _with_own_headers(headers, upstream), None, None)
         stream = body.head.get("stream") is True
         form = None
         if wire is not None and wire.name != "anthropic":
@@ -186,6 +184,7 @@ class Attempts:
                 relayed.route.name, path, headers, attempt.model, stream, key=attempt.key,
                 session=session[0].decode("latin-1") if session else None, requested=relayed.requested_model,
             )
+        headers = _with_own_headers(headers, upstream)
         turn, thread = relayed.turn, None
         if turn is not None:
             if context.threads.upstream_knows:
@@ -249,7 +248,11 @@ class Attempts:
                                        attempt.model)
                 if refusal.expired and client.login is not None and not logged_in_again:
                     logged_in_again = True
-                    await relayed.wait(client.login.refresh())
+                    try:
+                        await relayed.wait(client.login.refresh())
+                    except LoginError as e:
+                        # As any attempt whose login failed: a 502, the next target tried.
+                        raise _not_logged_in(e) from None
                     continue
                 if refusal.unwanted_betas and not betas_left_out:
                     betas_left_out = True
@@ -300,7 +303,7 @@ class Attempts:
 
         def not_logged_in(failure):
             failure.trap(LoginError)
-            raise RelayError(502, "The relay could not log in to the upstream: %s" % (failure.value,), kind="login")
+            raise _not_logged_in(failure.value)
 
         return login.ready().addCallbacks(send, not_logged_in)
 
@@ -430,6 +433,18 @@ def retry_after(headers: Headers) -> float | None:
             except (TypeError, ValueError, OverflowError):
                 pass
     return None
+
+
+def _with_own_headers(headers: Headers, upstream) -> Headers:
+    """``headers`` with the upstream's own (``anthropic-workspace-id``...), whatever its wire (changed in place)."""
+    for name, value in upstream.headers:
+        headers.setRawHeaders(name.encode("ascii"), [value.encode("utf-8")])
+    return headers
+
+
+def _not_logged_in(error: LoginError) -> RelayError:
+    """An attempt whose upstream's login could not get credentials: 502, ``login`` (the next target is tried)."""
+    return RelayError(502, "The relay could not log in to the upstream: %s" % (error,), kind="login")
 
 
 def _without_betas(headers: Headers, unwanted: tuple[str, ...]) -> Headers:

@@ -148,7 +148,7 @@ class Upstream:
 
 
 #: The options of a login that may hold a secret itself (rather than name it: ``env:VAR``).
-_SECRET_OPTIONS = frozenset({"key", "secret-access-key", "session-token"})
+_SECRET_OPTIONS = frozenset({"key", "access-key-id", "secret-access-key", "session-token"})
 
 
 @dataclass(frozen=True)
@@ -163,8 +163,8 @@ class LoginSpec:
         in headers of the upstream's choosing: ``api-key`` and ``x-api-key``
         for Foundry).
     :ivar options: the login's settings by name (a profile, a file, the
-        names of environment variables holding secrets): never a secret
-        itself, and never shown by ``repr`` all the same.
+        names of environment variables holding secrets as ``env:VAR``, or
+        a secret written out in the configuration): never shown by ``repr``.
     """
 
     kind: str

@@ -381,26 +381,43 @@ def _string_pairs(where: _Table, key: str, value, names) -> tuple[tuple[str, str
     return tuple(value.items())
 
 
+# A login's options that hold a secret, by kind: ``env:VAR`` names where it
+# is (read when the login fetches, so a rotated one is read again), anything
+# else is the secret itself (``file:PATH`` read here) and never shown.
+_SECRET_LOGIN_OPTIONS = {"aws": ("access-key-id", "secret-access-key", "session-token"),
+                         "bedrock-api-key": ("key",), "key": ("key",)}
+
+
 def _login(where: _Table, value, environ, folder) -> LoginSpec | None:
     """
-    ``login = { kind = "...", ... }``: names of environment variables and
-    files, never a secret itself, but for a key login's ``key``, read from
-    its source here as the key pool's are (``env:VAR``, ``file:PATH``).
+    ``login = { kind = "...", ... }``: its secrets as ``env:VAR`` (read by the
+    login), ``file:PATH`` (read here) or written as they are; an AWS login's
+    keys all one way or all the other. No error names a secret's value.
     """
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("kind") not in _LOGINS:
         raise where.error("login", 'must be a table such as { kind = "aws" } (kinds: %s)' % (", ".join(_LOGINS),))
+    kind = value["kind"]
+    secret_names = _SECRET_LOGIN_OPTIONS.get(kind, ())
     options = []
     for name, option in value.items():
         if name == "kind":
             continue
-        if not isinstance(option, str) or not option.isprintable():
-            raise where.error("login " + _shown_name(name), "must be a string")
-        if value["kind"] == "key" and name == "key":
-            option = _key(where, "login key", option, environ, folder)
+        label = "login " + _shown_name(name)
+        if not isinstance(option, str) or not option.isprintable() or not option.strip():
+            raise where.error(label, "must be a string that is not empty")
+        if name in secret_names:
+            if kind == "key" or option.startswith("file:"):
+                # Read here, as the key pool's keys are.
+                option = _key(where, label, option, environ, folder)
+            elif option.startswith("env:") and not _ENVIRONMENT_NAME.match(option[4:]):
+                raise where.error(label, "env: must name an environment variable")
         options.append((name, option))
-    return LoginSpec(value["kind"], tuple(options))
+    given = [option for name, option in options if name in secret_names]
+    if kind == "aws" and len({option.startswith("env:") for option in given}) > 1:
+        raise where.error("login", "takes its keys all from the environment (env:VAR) or all written out, not both")
+    return LoginSpec(kind, tuple(options))
 
 
 def _url(where: _Table, value) -> str:

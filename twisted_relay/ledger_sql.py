@@ -509,6 +509,14 @@ class LedgerDatabase:
         except self._errors() as e:
             self.close()
             raise LedgerError(self._one_line(e)) from None
+        except BaseException:
+            # Anything else (a bug in ``work``) must not leave its transaction, and its locks, open.
+            if self._connection is not None:
+                try:
+                    self._connection.rollback()
+                except self._errors():
+                    self.close()
+            raise
 
     def _one_line(self, error: BaseException) -> str:
         text = " ".join(str(error).split()) or error.__class__.__name__

@@ -36,6 +36,7 @@ from twisted_relay.dumps import DumpWriter
 from twisted_relay.gctuning import GarbageCollectorTuning
 from twisted_relay.ledger import Ledger
 from twisted_relay.ledger_sql import LedgerError, open_ledger
+from twisted_relay.logins import LoginError
 from twisted_relay.metrics import RelayMetrics, SharedMetricsFolder
 from twisted_relay.routing import Router
 from twisted_relay.settings import SIMULATED_CLOUDS, ListenCheck, ReloadResult, SettingsError, reload_config
@@ -541,10 +542,19 @@ class Relay:
         if result.error is not None:
             _log.error("Configuration not reloaded; the running one stays: {error}", error=result.error)
             return result
+        try:
+            # Made first: an upstream whose login cannot be made leaves the running configuration whole.
+            clients, unused = self.clients.reconfigured(result.config)
+        except LoginError as e:
+            _log.error("Configuration not reloaded; the running one stays: {error}", error=str(e))
+            return ReloadResult(self.config, str(e))
         self.config = result.config
         self.router = self.router.reloaded(result.config)
-        self.clients, unused = self.clients.reconfigured(result.config)
+        self.clients = clients
         self.app.reconfigure(self.router, self.clients)
+        # The logins of upstreams made anew fetch their credentials now, off the reactor.
+        self.clients.start_logins().addErrback(
+            lambda failure: _log.error("Upstream login failed: {reason}", reason=str(failure.value)))
         if self.dumps is not None:
             self.dumps.add_secrets(result.config.secrets())
         for client in unused:

@@ -538,5 +538,5 @@ def _client_settings(upstream) -> tuple:
     return (
         upstream.url, upstream.connect_timeout, upstream.response_timeout, upstream.max_connections,
         upstream.wire, upstream.login, upstream.region, upstream.project, upstream.models,
-        upstream.service_tier, upstream.anthropic_version, upstream.headers,
+        upstream.service_tier, upstream.anthropic_version, upstream.headers, upstream.dialect,
     )

@@ -57,7 +57,8 @@ _NOT_FORWARDED_TO_CLIENT = HOP_BY_HOP | {
     b"date",
     b"server",
 }
-_CREDENTIALS = (b"x-api-key", b"authorization")
+# Azure's SDKs and Foundry's send a key in api-key too.
+_CREDENTIALS = (b"x-api-key", b"authorization", b"api-key")
 
 #: Claude Code's attribution headers (its gateway protocol): a gateway may
 #: consume them for cost and tracing and need not forward them. The relay

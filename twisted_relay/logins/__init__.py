@@ -52,10 +52,10 @@ def login_for(upstream, reactor, threads: LoginThreads) -> Login | None:
 
 
 def _variable(value: str | None) -> str | None:
-    """The environment variable an option names (``env:NAME``, or the bare name)."""
-    if value is None:
+    """The environment variable an option names (``env:NAME``); ``None`` for anything else."""
+    if value is None or not value.startswith("env:"):
         return None
-    return value[4:] if value.startswith("env:") else value
+    return value[4:]
 
 
 def _aws(upstream, spec, reactor, threads) -> Login:
@@ -78,7 +78,10 @@ def _aws(upstream, spec, reactor, threads) -> Login:
 def _bedrock_api_key(upstream, spec, reactor, threads) -> Login:
     from twisted_relay.logins.aws import BedrockApiKeyLogin
 
-    return BedrockApiKeyLogin.from_environment(_variable(spec.option("key", "AWS_BEARER_TOKEN_BEDROCK")))
+    key = spec.option("key", "env:AWS_BEARER_TOKEN_BEDROCK")
+    variable = _variable(key)
+    # Written out in the file, the key is the key; never shown.
+    return BedrockApiKeyLogin.from_environment(variable) if variable else BedrockApiKeyLogin(key)
 
 
 def _google(upstream, spec, reactor, threads) -> Login:

@@ -219,8 +219,6 @@ class AwsSigV4Login(Login):
         return "AwsSigV4Login(%r, %r, %s)" % (self._signer.service, self._signer.region, self.source.describe)
 
 
-
-
     def authorize(
         self, method: bytes, url: str, headers: Headers, body: bytes | None, body_sha256: str | None = None
     ) -> None:

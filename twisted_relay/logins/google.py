@@ -194,8 +194,6 @@ class GoogleLogin(Login):
         return None if current is None else current.value.project
 
 
-
-
     def authorize(self, method: bytes, url: str, headers: Headers, body: bytes | None) -> None:
         current = self.source.current
         if current is None:

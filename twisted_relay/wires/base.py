@@ -226,7 +226,7 @@ class _MappedReader(Protocol):
     def connectionLost(self, reason) -> None:
         body = b"".join(self._chunks)
         self._chunks = []
-        if body and reason.check(ResponseDone, PotentialDataLoss):
+        if reason.check(ResponseDone, PotentialDataLoss):
             try:
                 mapped = self._mapping(body)
             except (ValueError, KeyError, TypeError, AttributeError):

@@ -46,6 +46,12 @@ EVENT_STREAM = b"application/vnd.amazon.eventstream"
 
 # The credentials are no longer good: fetched again, the request sent once more.
 _EXPIRED = frozenset({"ExpiredTokenException", "InvalidSignatureException", "ExpiredToken"})
+# Refusals of the relay's own credentials: the client gets a 502 (the next
+# target is tried) naming the kind only. Their messages may hold the
+# request's canonical form (the session token among its headers), the
+# relay's account and role: never the client's to read.
+_CREDENTIALS_REFUSED = _EXPIRED | {"AccessDeniedException", "UnrecognizedClientException",
+                                   "MissingAuthenticationTokenException", "IncompleteSignatureException"}
 
 # Client headers that go to Bedrock: the rest are Anthropic's (moved into the
 # body, or meaningless there) or the client's own.
@@ -113,26 +119,21 @@ class BedrockWire(Wire):
         kind_of_error = error_type_of(headers)
         message = _message_of(body) or "Bedrock answered %d with no message." % (status,)
         request_id = (headers.getRawHeaders(b"x-amzn-requestid") or [b""])[0].decode("latin-1") or None
-        if kind_of_error in _EXPIRED:
+        if kind_of_error in _CREDENTIALS_REFUSED:
             return Refusal(
                 502,
                 anthropic_error(
-                    "api_error",
-                    "Bedrock refused the relay's AWS credentials (%s: %s)." % (kind_of_error, message),
-                    request_id,
+                    "api_error", "Bedrock refused the relay's AWS credentials (%s)." % (kind_of_error,), request_id
                 ),
-                expired=True,
+                expired=kind_of_error in _EXPIRED,
             )
         mapped_status, error_type, text = bedrock_error(kind_of_error or "", message, status=status)
         return Refusal(mapped_status, anthropic_error(error_type, text, request_id))
 
     def counted(self, body: bytes) -> bytes:
         """CountTokens' answer as Anthropic's ``count_tokens`` gives it."""
-        try:
-            tokens = ujson.loads(body)["inputTokens"]
-        except (ValueError, KeyError, TypeError):
-            return body
-        return ujson.dumps({"input_tokens": tokens}).encode("ascii")
+        # An answer that is not CountTokens' is a broken one (WholeBodyMapped: a 502).
+        return ujson.dumps({"input_tokens": int(ujson.loads(body)["inputTokens"])}).encode("ascii")
 
 
 def _message_of(body: bytes) -> str | None:
