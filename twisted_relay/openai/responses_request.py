@@ -222,12 +222,13 @@ def _output(block: dict, images: bool) -> Any:
 
 def _assistant_items(blocks: list[dict], ctx: TranslateContext, items: list[dict]) -> None:
     """
-    An assistant message: text as output messages, tool uses as function
+    An assistant message: its text as messages (a string each, as the SDK's
+    ``EasyInputMessage``), tool uses as function
     calls, the reasoning of this upstream's thinking blocks where the blocks
     were; a reasoning item left with no item after it in the message is not
     sent (the API refuses one without its following item).
     """
-    texts: list[dict] = []
+    texts: list[str] = []
     pending: list[dict] = []
 
     def emit(item: dict) -> None:
@@ -237,14 +238,14 @@ def _assistant_items(blocks: list[dict], ctx: TranslateContext, items: list[dict
 
     def flush() -> None:
         if texts:
-            emit({"type": "message", "role": "assistant", "content": list(texts)})
+            emit({"type": "message", "role": "assistant", "content": "".join(texts)})
             texts.clear()
 
     for block in blocks:
         kind = block.get("type")
         if kind == "text":
             if isinstance(block.get("text"), str) and block["text"]:
-                texts.append({"type": "output_text", "text": block["text"]})
+                texts.append(block["text"])
         elif kind == "tool_use":
             flush()
             emit({"type": "function_call", "call_id": block.get("id"), "name": block.get("name"),
