@@ -10,32 +10,39 @@ The estimate is taken of what would be sent: the request translated for
 the dialect (:func:`~twisted_relay.openai.chat_request.to_chat`), each text
 priced by :func:`text_tokens`, each image by its size
 (:func:`image_tokens`), plus an allowance for each message, tool call and
-tool (the chat template's own tokens).
+tool (the chat template's own tokens); tool-call ids count as text (the
+templates of Mistral and Kimi write them).
 
 :func:`text_tokens` reads a text as a byte-pair tokenizer cuts it before
 merging (the pre-tokenizer of OpenAI's ``o200k_base``: words with their
 leading space or mark, numbers of up to three digits, runs of marks, of
-white space) and prices each piece: a word one token, more for each pair of
-its letters that English seldom joins (a random identifier, base64, hex)
-and for each eight letters; a run of marks one token and 0.8 for each mark
-after the first; non-ASCII characters by the width of their UTF-8 form.
+white space) and prices each piece: a word one token for each five letters,
+and one more for each pair of its letters that English seldom joins (a
+random identifier, base64, hex); a run of marks one token and 0.9 for each
+mark after the first; other characters by script (:data:`CYRILLIC`,
+:data:`TWO_BYTE`, :data:`THREE_BYTE`, :data:`FOUR_BYTE`).
 
-Measured (``bench/openai_counting.py``, against OpenAI's ``o200k_base``
-and ``cl100k_base`` through ``tiktoken``; the ratio is this estimate over
-the larger of the two counts, for 476 texts of 2,000 to 4,000 characters):
+Measured with ``bench/openai_counting.py`` (docs/openai.md, "Counting")
+against OpenAI's ``o200k_base`` and ``cl100k_base`` through tiktoken; the
+ratio is this estimate over the larger of the two counts, for texts of up
+to 4,000 characters:
 
-- the relay's own code, docs, a ``git log -p`` and JSON: median 1.21
-  (least 1.03, most 1.54);
-- prose in 20 languages, Latin, Cyrillic, Greek, Chinese, Japanese,
-  Korean: least 1.00, median 1.26, most 1.92 (Russian);
-- random data that tool results hold (base64, hex, UUIDs, hashes, lock
-  files, printable ASCII, digits, blank runs): least 1.00;
-- random code points outside ASCII (not a text anyone sends): as little as
-  0.69 of cl100k's count; the one kind of input it undercounts.
+- the relay's own code (60 texts), docs (60), ``git log -p`` (60) and
+  JSON (40): least 1.06, medians 1.45, 1.35, 1.40, 1.39, most 1.67;
+- prose in 64 files of 30 languages (Latin, Cyrillic, Greek, Hebrew,
+  Arabic, Devanagari, Thai, Chinese, Japanese, Korean scripts): least 1.01,
+  median 1.40, most 1.87 (Russian, which both cut in long pieces);
+- random data as tool results hold it (base64, hex, UUIDs, sha256sum
+  lines, lock-file hashes, printable ASCII, letters, digits, white space):
+  least 1.00, most 1.20 (7.9 for 3,000 blanks in a row);
+- random code points outside ASCII (no text anyone sends): 0.54, the one
+  kind of input it undercounts.
 
-Other models' tokenizers (Gemini, DeepSeek, Mistral, Llama, Kimi) have
-vocabularies of 128k to 256k entries, between those two; cl100k is the
-smallest of them, and so the larger count.
+Other models' tokenizers (Gemini, DeepSeek, Mistral, Llama, Kimi, GLM) have
+vocabularies of 128k to 256k entries, more than cl100k's 100k, and cut
+text in fewer pieces than the larger of the two counts; the bound is kept
+against both for that reason. The estimate runs at about 2 MB of code a
+second (one core of the machine it was measured on).
 """
 
 from __future__ import annotations
@@ -61,8 +68,9 @@ __all__ = [
     "text_tokens",
 ]
 
-#: Tokens of a chat template around one message (role, separators).
-MESSAGE_ALLOWANCE = 8
+#: Tokens of a chat template around one message (role, separators): four to
+#: six in the templates read, twelve so that a short message is not undercounted.
+MESSAGE_ALLOWANCE = 12
 #: Tokens around one tool's definition or one tool call.
 TOOL_ALLOWANCE = 12
 #: The reply's start.
@@ -95,6 +103,21 @@ _PIECE = re.compile(
 _LEADING_MARKS = "\"'([{<.,:;!?-_=+*&^%$#@~`|\\/ \t"
 
 
+#: The letters of a word priced as one token (each further run of them: one
+#: more). Five, not eight: cl100k cuts the words of Italian or Finnish prose
+#: of six to ten letters in two or three.
+WORD_LETTERS = 5
+#: A mark after the first of a run of marks (``")),``).
+MARK = 0.9
+#: A Cyrillic letter after the first of a run; any other two-byte character
+#: (Greek, Hebrew, Arabic, accented Latin) after the first.
+CYRILLIC = 0.6
+TWO_BYTE = 1.0
+#: A three-byte character (Chinese, Japanese, Korean, Indic, Thai); a four-byte one.
+THREE_BYTE = 1.4
+FOUR_BYTE = 4.0
+
+
 def text_tokens(text: str) -> int:
     """An estimate, not below the count of ``o200k_base`` or ``cl100k_base`` on text, of ``text``'s tokens."""
     total = 1.0
@@ -103,7 +126,7 @@ def text_tokens(text: str) -> int:
         if last < "\x80":
             if last.isalpha():
                 word = piece.lstrip(_LEADING_MARKS).lower()
-                total += 1 + (len(word) - 1) // 8
+                total += 1 + (len(word) - 1) // WORD_LETTERS
                 if len(word) > 1:
                     total += len(_RARE_PAIR.findall(word))
             elif last.isdigit():
@@ -111,13 +134,13 @@ def text_tokens(text: str) -> int:
             elif piece.isspace():
                 total += 1 + len(piece) // 16
             else:
-                total += 1 + (len(piece) - 1) * 0.8
+                total += 1 + (len(piece) - 1) * MARK
         elif last < "\u0800":
-            total += 1 + (len(piece) - 1) * 0.6
+            total += 1 + (len(piece) - 1) * (CYRILLIC if "\u0400" <= last < "\u0530" else TWO_BYTE)
         elif last < "\U00010000":
-            total += 0.5 + len(piece) * 1.3
+            total += 0.5 + len(piece) * THREE_BYTE
         else:
-            total += 4 * len(piece)
+            total += FOUR_BYTE * len(piece)
     return int(total)
 
 
@@ -134,12 +157,15 @@ def estimate_input_tokens(body: dict, ctx: TranslateContext) -> int:
     total = REPLY_ALLOWANCE
     for message in request["messages"]:
         total += MESSAGE_ALLOWANCE + _content_tokens(message.get("content"))
+        if "tool_call_id" in message:
+            total += text_tokens(str(message["tool_call_id"]))
         for name in ("reasoning_content", "reasoning_details"):
             if name in message:
                 total += _value_tokens(message[name])
         for call in message.get("tool_calls") or ():
             function = call["function"]
-            total += TOOL_ALLOWANCE + text_tokens(str(function.get("name"))) + text_tokens(function["arguments"])
+            total += (TOOL_ALLOWANCE + text_tokens(str(call.get("id"))) + text_tokens(str(function.get("name")))
+                      + text_tokens(function["arguments"]))
             if "extra_content" in call:
                 total += _value_tokens(call["extra_content"])
     for tool in request.get("tools") or ():
