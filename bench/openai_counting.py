@@ -8,9 +8,9 @@ package ``js-tiktoken`` ships the same ranks in its ``dist/ranks``. This
 script rebuilds each file from them and checks its SHA-256 against the one
 tiktoken expects (so the counts are OpenAI's own), then counts::
 
-    npm install --prefix /tmp/tok js-tiktoken@1.0.21
+    npm install --prefix tok js-tiktoken@1.0.21
     pip install tiktoken
-    python bench/openai_counting.py --ranks /tmp/tok/node_modules/js-tiktoken/dist/ranks \\
+    python bench/openai_counting.py --ranks tok/node_modules/js-tiktoken/dist/ranks \\
         [--prose FILE ...] [--write-fixture tests/fixtures/openai-counting.json]
 
 The texts: the relay's own code, docs and JSON fixtures, ``git log -p`` of

@@ -592,3 +592,27 @@ class DialectTests(SynchronousTestCase):
         self.assertRaises(ValueError, dialect_of, "cohere")
         self.assertEqual(DIALECTS["deepseek"].effort("medium"), "high")
         self.assertIsNone(DIALECTS["kimi"].effort("high"))
+
+
+class CrossUpstreamHistoryTests(SynchronousTestCase):
+    """Blocks an Anthropic upstream left in the history."""
+
+    def history(self, name: str) -> list[dict]:
+        return [{"role": "user", "content": "find it"},
+                {"role": "assistant", "content": [
+                    {"type": "server_tool_use", "id": "srvtoolu_1", "name": name, "input": {"query": "twisted"}},
+                    {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+                    {"type": "text", "text": "Found."}]},
+                {"role": "user", "content": "thanks"}]
+
+    def test_web_search_replayed(self):
+        sent = to_responses(request(self.history("web_search")), CTX)
+        self.assertEqual(sent["input"][1:3], [
+            {"type": "web_search_call", "status": "completed", "action": {"type": "search", "query": "twisted"}},
+            {"type": "message", "role": "assistant", "content": "Found."}])
+        chat = to_chat(request(self.history("web_search")), chat_ctx("gemini"))
+        self.assertEqual(assistants(chat)[0]["content"], "[web search: twisted]\nFound.")
+
+    def test_other_server_tools_refused(self):
+        rejected(self, "tool_type:web_fetch", to_responses, request(self.history("web_fetch")), CTX)
+        rejected(self, "tool_type:web_fetch", to_chat, request(self.history("web_fetch")), chat_ctx("openai"))

@@ -22,6 +22,7 @@ from twisted_relay.openai.capabilities import (
     STOP_SEQUENCES,
     STRUCTURED_OUTPUTS,
     CapabilityRejected,
+    tool_type,
 )
 from twisted_relay.openai.context import TranslateContext
 from twisted_relay.openai.dialects import (
@@ -231,8 +232,11 @@ def _assistant_message(blocks: list[dict], ctx: TranslateContext, dialect: Diale
             if payload is not None:
                 payloads.append(payload)
         elif kind == "server_tool_use":
+            if block.get("name") != "web_search":
+                raise CapabilityRejected(tool_type(str(block.get("name"))),
+                                         "Chat Completions has no %s tool" % (block.get("name"),))
             query = block.get("input", {}).get("query") if isinstance(block.get("input"), dict) else None
-            texts.append("[web search: %s]" % (query,))
+            texts.append("[web search: %s]\n" % (query,))
         elif kind == "web_search_tool_result":
             continue
         else:

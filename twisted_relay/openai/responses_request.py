@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted_relay.openai.capabilities import STOP_SEQUENCES, CapabilityRejected
+from twisted_relay.openai.capabilities import STOP_SEQUENCES, CapabilityRejected, tool_type
 from twisted_relay.openai.context import TranslateContext
 from twisted_relay.openai.dialects import dialect_of
 from twisted_relay.openai.request_parts import (
@@ -255,6 +255,9 @@ def _assistant_items(blocks: list[dict], ctx: TranslateContext, items: list[dict
             payload = opened_reasoning(block, ctx, "responses")
             pending.extend(_reasoning_items(payload))
         elif kind == "server_tool_use":
+            if block.get("name") != "web_search":
+                raise CapabilityRejected(tool_type(str(block.get("name"))),
+                                         "the Responses API has no %s tool" % (block.get("name"),))
             flush()
             query = block.get("input", {}).get("query") if isinstance(block.get("input"), dict) else None
             emit({"type": "web_search_call", "status": "completed",
