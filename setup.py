@@ -85,6 +85,9 @@ setup(
             # tests/test_eventstream.py).
             "botocore>=1.35",
             "azure-identity>=1.19",  # the azure login against the simulated identity endpoint
+            # the types of OpenAI's own SDK check the shapes the request
+            # translations write (tests/test_openai_requests.py).
+            "openai>=2.0",
         ],
     },
     entry_points={
