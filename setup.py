@@ -85,6 +85,9 @@ setup(
             # tests/test_eventstream.py).
             "botocore>=1.35",
             "azure-identity>=1.19",  # the azure login against the simulated identity endpoint
+            # its types check the Responses and Chat Completions events the
+            # translators of twisted_relay/openai are tested with.
+            "openai>=2",
         ],
     },
     entry_points={
