@@ -87,7 +87,7 @@ setup(
             "azure-identity>=1.19",  # the azure login against the simulated identity endpoint
             # its types check the Responses and Chat Completions events the
             # translators of twisted_relay/openai are tested with.
-            "openai>=2",
+            "openai>=3.63",
         ],
     },
     entry_points={

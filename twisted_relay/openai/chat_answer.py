@@ -35,7 +35,10 @@ the order their deltas come:
   with another ``id``: a new call), the arguments as ``input_json_delta``;
   a call's block starts once its id and name are known (its arguments so
   far written then; an id that never comes is made), a call starts after
-  the calls before it. Arguments for a call whose block a later block
+  the calls before it; a signature that comes alone belongs to the call
+  before it, or to the next one when no call came yet. The stop reason
+  of a turn with calls is ``tool_use`` whatever the finish reason says
+  (Gemini's stream says ``stop``: python-genai #2868). Arguments for a call whose block a later block
   closed are an ``error``: the upstream interleaved its calls.
 
 The end: the chunk with ``finish_reason`` ends the blocks; ``[DONE]``
@@ -124,6 +127,7 @@ class ChatStream:
         self._reasoning: list[str] | None = None  # the open thinking block's text
         self._details: list[dict] = []  # reasoning_details not yet sealed
         self._signatures: dict[str, str] = {}  # thought signatures not yet sealed
+        self._next_signature: str | None = None  # a signature that came before its call
         self._space = ""  # white space before a text block's first text
         self._finish: str | None = None
         self._usage: Any = None
@@ -322,8 +326,15 @@ class ChatStream:
             call = self._by_id.get(call_id)
         else:
             call = self._last_call
+        function = entry.get("function") if isinstance(entry.get("function"), dict) else {}
+        signature = _thought_signature(entry)
         if call is None:
+            if not (call_id or function.get("name") or function.get("arguments")):
+                if signature:  # Gemini's signature alone, before its call
+                    self._next_signature = signature
+                return
             call = _Call()
+            call.signature, self._next_signature = self._next_signature, None
             self._calls.append(call)
             if index is not None:
                 self._by_index[index] = call
@@ -331,12 +342,10 @@ class ChatStream:
         if call_id and call.id is None:
             call.id = call_id
             self._by_id.setdefault(call_id, call)
-        function = entry.get("function") if isinstance(entry.get("function"), dict) else {}
         name = function.get("name")
         if isinstance(name, str) and name and call.name is None:
             call.name = name
         arguments = _arguments_text(function.get("arguments"))
-        signature = _thought_signature(entry)
         if signature:
             if call.opened:
                 self._signatures[call.id] = signature  # type: ignore[index]
