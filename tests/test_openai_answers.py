@@ -470,6 +470,17 @@ class ResponsesStreamTests(SynchronousTestCase):
         self.assertEqual(out[-1][0], "error")
         self.assertEqual(out[-1][1]["error"]["type"], "api_error")
 
+    def test_done_line(self):
+        """A ``[DONE]`` line (compatible upstreams send one) ends nothing: after the terminal event it adds nothing."""
+        events, item = self.up.message(0, "msg_1", "Fine.")
+        stream = ResponsesStream(CTX)
+        out = run(stream, [self.up.created(), *events, self.up.completed([item])], close=False)
+        self.assertEqual(stream.done() + stream.close(), [])
+        self.assertEqual(sdk_final_message(out).content[0].text, "Fine.")
+        cut = ResponsesStream(CTX)
+        run(cut, [self.up.created(), *events[:3]], close=False)
+        self.assertEqual([n for n, _ in cut.done()], ["error"])
+
     def test_litellm_32357_one_message_start_no_thinking_in_text(self):
         """
         A second ``response.created`` makes no second ``message_start``; a

@@ -167,6 +167,14 @@ class ResponsesStream:
                     self._item_event(event, kind, item_kind)
         return self._out.take()
 
+    def done(self) -> list[Event]:
+        """
+        ``data: [DONE]``, which OpenAI's Responses streams do not send but
+        some compatible upstreams do: nothing after the terminal event, an
+        ``error`` event before it (as at :meth:`close`).
+        """
+        return self.close()
+
     def close(self) -> list[Event]:
         """The upstream's body ended: an ``error`` event unless the stream had its end."""
         self._out.fail(AnthropicError(502, "api_error", _CUT))
