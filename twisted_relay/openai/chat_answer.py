@@ -79,13 +79,12 @@ _JOINED_DETAILS = {"reasoning.text": "text", "reasoning.summary": "summary"}
 class _Call:
     """What the stream knows of one tool call."""
 
-    __slots__ = ("id", "name", "received", "written", "signature", "opened", "closed")
+    __slots__ = ("id", "name", "arguments", "signature", "opened", "closed")
 
     def __init__(self):
         self.id: str | None = None
         self.name: str | None = None
-        self.received = ""
-        self.written = ""
+        self.arguments: list[str] = []  # the arguments before its block started
         self.signature: str | None = None
         self.opened = False
         self.closed = False
@@ -126,6 +125,7 @@ class ChatStream:
         self._open_call: _Call | None = None
         self._reasoning: list[str] | None = None  # the open thinking block's text
         self._details: list[dict] = []  # reasoning_details not yet sealed
+        self._growing: list[str] | None = None  # the pieces of the last one's growing text
         self._signatures: dict[str, str] = {}  # thought signatures not yet sealed
         self._next_signature: str | None = None  # a signature that came before its call
         self._space = ""  # white space before a text block's first text
@@ -257,7 +257,7 @@ class ChatStream:
             if self._reasoning is not None:
                 payload["reasoning_content"] = "".join(self._reasoning)
             if self._details:
-                payload["reasoning_details"] = self._details
+                payload["reasoning_details"] = self._joined_details()
                 self._details = []
             if self._signatures:
                 payload["thought_signatures"] = self._signatures
@@ -301,16 +301,28 @@ class ChatStream:
                 continue
             last = self._details[-1] if self._details else None
             grows = _JOINED_DETAILS.get(entry.get("type"))
-            if (self._fragments and grows and last is not None and last.get("type") == entry.get("type")
-                    and last.get("index") == entry.get("index")):
-                last[grows] = (last.get(grows) or "") + (entry.get(grows) or "")
+            if (self._fragments and grows and last is not None and self._growing is not None
+                    and last.get("type") == entry.get("type") and last.get("index") == entry.get("index")):
+                piece = entry.get(grows)
+                self._growing.append(piece if isinstance(piece, str) else "")
                 for name, value in entry.items():
                     if name == "signature" and value:
                         last[name] = value
-                    elif value is not None and last.get(name) is None:
+                    elif name != grows and value is not None and last.get(name) is None:
                         last[name] = value
             else:
+                self._joined_details()
                 self._details.append(dict(entry))
+                if self._fragments and grows and isinstance(entry.get(grows), str):
+                    self._growing = [entry[grows]]
+
+    def _joined_details(self) -> list[dict]:
+        """The details kept, the last one's growing text joined (joined once, not at each fragment)."""
+        if self._growing is not None:
+            last = self._details[-1]
+            last[_JOINED_DETAILS[last["type"]]] = "".join(self._growing)
+            self._growing = None
+        return self._details
 
     # -- tool calls -------------------------------------------------------------------
 
@@ -355,11 +367,11 @@ class ChatStream:
             if arguments:
                 self._out.fail(AnthropicError(502, "api_error", _INTERLEAVED))
             return
-        call.received += arguments
         if call.opened:
             self._out.input_json(arguments)
-            call.written = call.received
-        elif call.id and call.name:
+            return
+        call.arguments.append(arguments)
+        if call.id and call.name:
             self._start_calls(call)
 
     def _start_calls(self, last: _Call | None) -> None:
@@ -388,8 +400,8 @@ class ChatStream:
         self._out.open_tool_use(call.id, call.name)  # type: ignore[arg-type]
         call.opened = True
         self._open_call = call
-        self._out.input_json(call.received)
-        call.written = call.received
+        self._out.input_json("".join(call.arguments))
+        call.arguments = []
 
 
 def message_of_completion(completion: dict, ctx: TranslateContext) -> dict:

@@ -107,7 +107,7 @@ def _str(value: Any) -> str:
 class _Item:
     """What the stream knows of one output item."""
 
-    __slots__ = ("kind", "item_id", "output_index", "call_id", "name", "received", "written", "parts", "last_part",
+    __slots__ = ("kind", "item_id", "output_index", "call_id", "name", "arguments", "parts", "last_part",
                  "space", "opened", "done", "pending")
 
     def __init__(self, kind: str):
@@ -116,9 +116,10 @@ class _Item:
         self.output_index: int | None = None
         self.call_id: str | None = None
         self.name: str | None = None
-        self.received = ""  # a call's arguments as received
-        self.written = ""  # a call's arguments as written
-        self.parts: dict[tuple, str] = {}  # a text part (its key) -> the text written of it
+        # Pieces, joined only when a whole text is compared with them (joining
+        # at each delta would cost the square of an answer's length).
+        self.arguments: list[str] = []  # a call's arguments so far (written once its block started)
+        self.parts: dict[tuple, list[str]] = {}  # a text part (its key) -> the text written of it
         self.last_part: tuple | None = None
         self.space = ""  # a message's white space before its first text
         self.opened = False  # its block was started
@@ -313,10 +314,9 @@ class ResponsesStream:
             self._complete(item, event["item"])
         elif kind == "response.function_call_arguments.delta":
             delta = _str(event.get("delta"))
-            item.received += delta
+            item.arguments.append(delta)
             if item.opened:
                 self._out.input_json(delta)
-                item.written += delta
         elif kind == "response.function_call_arguments.done":
             self._arguments(item, event.get("arguments"))
         elif kind in ("response.content_part.added", "response.content_part.done"):
@@ -350,8 +350,8 @@ class ResponsesStream:
         item.call_id = item.call_id or _str(whole.get("call_id")) or None
         item.name = item.name or _str(whole.get("name")) or None
         arguments = _arguments_text(whole.get("arguments"))
-        if arguments and not item.received:
-            item.received = arguments
+        if arguments and not item.arguments:
+            item.arguments = [arguments]
         self._open_call(item)
 
     def _open_call(self, item: _Item) -> bool:
@@ -362,8 +362,7 @@ class ResponsesStream:
             return False
         self._out.open_tool_use(item.call_id, item.name)
         item.opened = True
-        self._out.input_json(item.received)
-        item.written = item.received
+        self._out.input_json("".join(item.arguments))
         return True
 
     def _arguments(self, item: _Item, arguments: Any) -> None:
@@ -371,11 +370,12 @@ class ResponsesStream:
         arguments = _arguments_text(arguments)
         if arguments is None:
             return
-        if not item.opened:
-            item.received = arguments
-        elif arguments.startswith(item.written):
-            self._out.input_json(arguments[len(item.written):])
-            item.written = arguments
+        if item.opened:
+            written = "".join(item.arguments)
+            if not arguments.startswith(written):
+                return  # the streamed arguments stand: they cannot be taken back
+            self._out.input_json(arguments[len(written):])
+        item.arguments = [arguments]
 
     def _text(self, item: _Item, key: tuple, text: Any, whole: bool) -> None:
         """
@@ -384,11 +384,13 @@ class ResponsesStream:
         """
         if not isinstance(text, str):
             return
-        written = item.parts.get(key, "")
+        pieces = item.parts.setdefault(key, [])
         if whole:
+            written = "".join(pieces)
             if not text.startswith(written):
                 return  # the streamed text stands: it cannot be taken back
             text = text[len(written):]
+            pieces[:] = [written]
         if not text:
             return
         if item.kind == "reasoning":
@@ -402,7 +404,7 @@ class ResponsesStream:
             self._out.open_text()
             item.opened = True
             self._out.text(item.space + text)
-        item.parts[key] = written + text
+        pieces.append(text)
         item.last_part = key
 
     def _complete(self, item: _Item, whole: dict) -> None:
