@@ -739,9 +739,10 @@ class ChatStreamTests(SynchronousTestCase):
     def test_groq_reasoning_field(self):
         ctx = CTX._replace(upstream="groq", dialect="groq")
         up = Chat(model="openai/gpt-oss-120b")
-        final = sdk_final_message(self.translate([*up.reasoning("Short.", field="reasoning"), *up.text("Answer."),
-                                                  up.chunk(finish="stop")], ctx))
-        self.assertEqual((final.content[0].thinking, final.content[1].text), ("Short.", "Answer."))
+        both = up.chunk({"reasoning_content": "", "reasoning": " More."})  # an empty field beside the other
+        final = sdk_final_message(self.translate([*up.reasoning("Short.", field="reasoning"), both,
+                                                  *up.text("Answer."), up.chunk(finish="stop")], ctx))
+        self.assertEqual((final.content[0].thinking, final.content[1].text), ("Short. More.", "Answer."))
         self.assertEqual(final.stop_reason, "end_turn")
 
     def test_mistral_thinking_parts(self):

@@ -216,7 +216,7 @@ class ChatStream:
 
     def _delta(self, delta: dict) -> None:
         reasoning = delta.get("reasoning_content")
-        if not isinstance(reasoning, str):
+        if not (isinstance(reasoning, str) and reasoning):
             reasoning = delta.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
             self._think(reasoning)
