@@ -85,9 +85,10 @@ setup(
             # tests/test_eventstream.py).
             "botocore>=1.35",
             "azure-identity>=1.19",  # the azure login against the simulated identity endpoint
-            # the types of OpenAI's own SDK check the shapes the request
-            # translations write (tests/test_openai_requests.py).
-            "openai>=2.0",
+            # its types check the shapes the request translations write and the
+            # Responses and Chat Completions events the answer translations read
+            # (tests/test_openai_requests.py, tests/test_openai_answers.py).
+            "openai>=3.63",
         ],
     },
     entry_points={
