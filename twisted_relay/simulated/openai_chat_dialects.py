@@ -206,6 +206,86 @@ def thinking_on(dialect: Dialect, body: dict) -> bool:
     return dialect.reasoning is not None
 
 
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _invalid_type(dialect: str, where: str, expected: str, value: Any) -> ChatRefusal:
+    return refusal(dialect, f"Invalid type for '{where}': expected {expected}, but got {_kind(value)} instead.",
+                   param=where, code="invalid_type")
+
+
+def _missing(dialect: str, where: str) -> ChatRefusal:
+    return refusal(dialect, f"Missing required parameter: '{where}'.", param=where, code="missing_required_parameter")
+
+
+def _check_parts(dialect: str, where: str, content: Any, nullable: bool) -> None:
+    if isinstance(content, str) or (content is None and nullable):
+        return
+    if not isinstance(content, list):
+        raise _invalid_type(dialect, where, "one of a string or array of objects", content)
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise _invalid_type(dialect, at, "an object", part)
+        if not isinstance(part.get("type"), str):
+            raise _missing(dialect, f"{at}.type")
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise _invalid_type(dialect, f"{at}.text", "a string", part.get("text"))
+        if part["type"] == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else None
+            if not isinstance(url, str):
+                raise _invalid_type(dialect, f"{at}.image_url.url", "a string", url)
+
+
+def _check_calls(dialect: str, where: str, calls: Any) -> None:
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise _invalid_type(dialect, where, "an array", calls)
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        if not isinstance(call, dict):
+            raise _invalid_type(dialect, at, "an object", call)
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise _missing(dialect, f"{at}.function") if function is None else _invalid_type(
+                dialect, f"{at}.function", "an object", function)
+        for name in ("name", "arguments"):
+            if not isinstance(function.get(name), str):
+                raise _invalid_type(dialect, f"{at}.function.{name}", "a string", function.get(name))
+        if "id" in call and not isinstance(call["id"], str):
+            raise _invalid_type(dialect, f"{at}.id", "a string", call["id"])
+
+
+def _check_message(dialect: str, i: int, message: Any) -> None:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise _invalid_type(dialect, where, "an object", message)
+    role = message.get("role")
+    if role not in _ROLES:
+        raise refusal(dialect, f"Invalid value: '{role}'. Supported values are: 'system', 'assistant', 'user', "
+                      "'function', 'tool', and 'developer'.", param=f"{where}.role", code="invalid_value")
+    if role != "assistant" and "content" not in message:
+        raise _missing(dialect, f"{where}.content")
+    _check_parts(dialect, f"{where}.content", message.get("content"), nullable=role == "assistant")
+    if role == "assistant":
+        _check_calls(dialect, f"{where}.tool_calls", message.get("tool_calls"))
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise _missing(dialect, f"{where}.tool_call_id")
+
+
 def _check_shape(dialect: str, body: Any) -> list:
     if not isinstance(body, dict):
         raise refusal(dialect, "We could not parse the JSON body of your request. (HINT: This likely means you "
@@ -215,16 +295,24 @@ def _check_shape(dialect: str, body: Any) -> list:
         raise refusal(dialect, "you must provide a model parameter")
     messages = body.get("messages")
     if messages is None:
-        raise refusal(dialect, "Missing required parameter: 'messages'.", param="messages",
-                      code="missing_required_parameter")
-    if not isinstance(messages, list) or not messages:
+        raise _missing(dialect, "messages")
+    if not isinstance(messages, list):
+        raise _invalid_type(dialect, "messages", "an array", messages)
+    if not messages:
         raise refusal(dialect, "Invalid 'messages': empty array. Expected an array with minimum length 1, but got "
                       "an empty array instead.", param="messages", code="empty_array")
     for i, message in enumerate(messages):
-        role = message.get("role") if isinstance(message, dict) else None
-        if role not in _ROLES:
-            raise refusal(dialect, f"Invalid value: '{role}'. Supported values are: 'system', 'assistant', 'user', "
-                          "'function', 'tool', and 'developer'.", param=f"messages[{i}].role", code="invalid_value")
+        _check_message(dialect, i, message)
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, dict) for tool in tools)):
+        raise _invalid_type(dialect, "tools", "an array of objects", tools)
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise _invalid_type(dialect, name, "an integer", value)
+    temperature = body.get("temperature")
+    if temperature is not None and (not isinstance(temperature, (int, float)) or isinstance(temperature, bool)):
+        raise _invalid_type(dialect, "temperature", "a decimal", temperature)
     return messages
 
 
@@ -315,7 +403,7 @@ def _check_mistral(messages: list) -> None:
         for call_id in ids:
             if not isinstance(call_id, str) or _MISTRAL_ID.fullmatch(call_id) is None:
                 raise refusal("mistral", f"Tool call id was {call_id} but must be a-z, A-Z, 0-9, with a length "
-                              "of 9.", "invalid_function_call", code="3280")
+                              "of 9.", error_type="invalid_function_call", code="3280")
 
 
 def _image_column(raw: bytes) -> tuple[int, int]:
