@@ -591,6 +591,13 @@ class StreamTests(SynchronousTestCase):
         self.assertEqual(text, whole["content"])
         self.assertEqual(_data(events)[-1]["choices"][0]["finish_reason"], "tool_calls")
 
+    def test_one_call_when_asked(self) -> None:
+        """``parallel_tool_calls: false``: one tool call per answer."""
+        chat = _Chat("openai", upstream={"parallel": 3})
+        many = chat.post(chat.body(_first_messages()))[1]["choices"][0]["message"]["tool_calls"]
+        one = chat.post(chat.body(_first_messages(), parallel_tool_calls=False))[1]["choices"][0]["message"]
+        self.assertEqual((len(many), one["tool_calls"]), (3, many[:1]))
+
     def test_index_and_late_ids(self) -> None:
         """The switches: tool calls without ``index``, all at index 0, ids a delta late."""
         _, missing = self.stream(upstream={"parallel": 2}, tool_call_index="missing")

@@ -43,6 +43,7 @@ from twisted_relay.simulated.openai_chat_convert import (
     encode_stream,
     history_ids,
     metered,
+    one_call,
     stream_chunks,
     text_of,
     to_anthropic,
@@ -214,6 +215,8 @@ class SimulatedOpenAIChat:
             raise refusal(dialect.name, rejection.message, rejection.status)
         if turn is not None:
             turn.answered(message)
+        if body.get("parallel_tool_calls") is False:
+            message = one_call(message)
         calls = calls_of(message, dialect, history_ids(messages))
         reasoning = None
         if thinking_on(dialect, body):

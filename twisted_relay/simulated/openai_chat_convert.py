@@ -29,13 +29,17 @@ from twisted_relay.simulated.openai_chat_reasoning import Reasoning
 
 __all__ = [
     "TOOL_INDEX_MODES",
+    "calls_of",
     "chat_usage",
     "completion_id",
     "completion_of",
     "dialect_id",
     "encode_stream",
+    "history_ids",
     "metered",
+    "one_call",
     "stream_chunks",
+    "text_of",
     "to_anthropic",
 ]
 
@@ -224,7 +228,7 @@ def completion_id(dialect: Dialect) -> str:
     if dialect.name == "mistral":
         return uuid.uuid4().hex
     if dialect.name == "openrouter":
-        return "gen-" + str(int(uuid.uuid4().int % 10**10)) + "-" + _digits(uuid.uuid4().hex, 20, _BASE62)
+        return f"gen-{_digits(uuid.uuid4().hex, 10, '0123456789')}-{_digits(uuid.uuid4().hex, 20, _BASE62)}"
     return "chatcmpl-" + _digits(uuid.uuid4().hex, 29, _BASE62)
 
 
@@ -240,6 +244,15 @@ def calls_of(message: dict, dialect: Dialect, history: frozenset) -> list[dict]:
             call = {"id": dialect_id(dialect, block["id"], len(calls), history), **call}
         calls.append(call)
     return calls
+
+
+def one_call(message: dict) -> dict:
+    """The fake model's answer with its first tool call alone
+    (``parallel_tool_calls: false``)."""
+    calls = [n for n, block in enumerate(message["content"]) if block.get("type") == "tool_use"]
+    if len(calls) < 2:
+        return message
+    return dict(message, content=message["content"][: calls[0] + 1])
 
 
 def text_of(message: dict) -> str:
