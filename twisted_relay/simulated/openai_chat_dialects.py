@@ -34,7 +34,10 @@ from twisted_relay._json import to_json
 
 __all__ = [
     "DIALECTS",
+    "GEMINI_CORRUPTED",
+    "GEMINI_MISSING",
     "GROQ_FIELDS",
+    "SKIP_SIGNATURE",
     "ChatRefusal",
     "Dialect",
     "check_request",
