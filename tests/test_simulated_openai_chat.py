@@ -477,6 +477,22 @@ class DialectRuleTests(SynchronousTestCase):
             "object": "error", "message": "Tool call id was toolu_01abc but must be a-z, A-Z, 0-9, with a length "
             "of 9.", "type": "invalid_function_call", "param": None, "code": "3280"}))
 
+    def test_openai_ids_at_most_40(self) -> None:
+        """OpenAI takes tool call ids of at most 40 characters (an Anthropic id is longer)."""
+        chat = _Chat("openai")
+        long_id = "toolu_01" + "A" * 33
+        history = _first_messages() + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": long_id, "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": long_id, "content": "ok"}]
+        status, body = chat.post(chat.body(history))
+        self.assertEqual((status, body), (400, {"error": {
+            "message": "Invalid 'messages[2].tool_calls[0].id': string too long. Expected a string with maximum "
+                       "length 40, but got a string with length 41 instead.", "type": "invalid_request_error",
+            "param": "messages[2].tool_calls[0].id", "code": "string_above_max_length"}}))
+        history[2]["tool_calls"][0]["id"] = history[3]["tool_call_id"] = long_id[:40]
+        self.assertEqual(chat.post(chat.body(history))[0], 200)
+
     def test_gpt_reasoning_models(self) -> None:
         """GPT-5.6 on Chat: function tools with reasoning on (its default) are refused as OpenAI
         refuses them, so are ``max_tokens`` and a temperature; ``reasoning_effort: "none"``

@@ -6,9 +6,9 @@ refuses, in its own words and error envelope.  Pure: no Twisted.
 One protocol, contradictory rules (docs/simulated.md, "The simulated Chat
 Completions upstream"):
 
-- ``openai``: GPT on ``/v1/chat/completions``; today's reasoning models take
-  no function tools with reasoning on, nor ``max_tokens``, nor a
-  ``temperature`` other than 1.
+- ``openai``: GPT on ``/v1/chat/completions``; tool call ids of at most 40
+  characters; today's reasoning models take no function tools with
+  reasoning on, nor ``max_tokens``, nor a ``temperature`` other than 1.
 - ``deepseek``, ``kimi``: ``reasoning_content`` out, and required back on
   every assistant message with ``tool_calls``; DeepSeek takes no images.
 - ``gemini``: a ``thought_signature`` on the first tool call of each step,
@@ -352,7 +352,15 @@ def _check_pairs(dialect: str, messages: list) -> None:
                       + ", ".join(str(call_id) for call_id in open_calls), param=f"messages.[{opened_at}].role")
 
 
-def _check_openai(body: dict) -> None:
+def _check_openai(body: dict, messages: list) -> None:
+    for i, message in enumerate(messages):
+        for j, call in enumerate(message.get("tool_calls") or () if message["role"] == "assistant" else ()):
+            call_id = call.get("id")
+            if isinstance(call_id, str) and len(call_id) > 40:
+                where = f"messages[{i}].tool_calls[{j}].id"
+                raise refusal("openai", f"Invalid '{where}': string too long. Expected a string with maximum "
+                              f"length 40, but got a string with length {len(call_id)} instead.", param=where,
+                              code="string_above_max_length")
     model = body["model"]
     reasoning_model = model.startswith(("gpt-5", "gpt-6", "o3", "o4"))
     if not reasoning_model:
@@ -447,7 +455,7 @@ def check_request(dialect: Dialect, body: Any, raw: bytes) -> list:
     if name == "groq":
         _check_groq(body, messages)
     elif name == "openai":
-        _check_openai(body)
+        _check_openai(body, messages)
     elif name == "mistral":
         _check_mistral(messages)
     if not dialect.images:
