@@ -85,6 +85,9 @@ setup(
             # tests/test_eventstream.py).
             "botocore>=1.35",
             "azure-identity>=1.19",  # the azure login against the simulated identity endpoint
+            # the oracle of the simulated OpenAI Responses API (its types and stream
+            # parsers; responses.input_tokens.count). Tested on 3.63.0.
+            "openai>=3.63",
         ],
     },
     entry_points={

@@ -82,8 +82,6 @@ STREAM_FAULTS = ("failed", "error")
 #: What :meth:`SimulatedOpenAIResponses.end_next_incomplete` ends an answer with.
 INCOMPLETE_REASONS = ("max_output_tokens", "content_filter")
 
-_STATUS_TYPES = {401: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_exceeded",
-                 500: "server_error", 503: "server_error"}
 _NO_KEY = ("You didn't provide an API key. You need to provide your API key in an Authorization header using "
            "Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the password field (with blank username) if "
            "you're accessing the API from your browser and are prompted for a username and password. You can "
@@ -205,7 +203,7 @@ class SimulatedOpenAIResponses:
         text = message or ("Rate limit reached for requests" if status == 429 else
                            FAILURE_MESSAGE.format(request_id="req_" + secrets.token_hex(16)))
         for _ in range(times):
-            self._http_faults.append(OpenAIError(status, text, None, code, _STATUS_TYPES.get(status, "server_error")))
+            self._http_faults.append(OpenAIError(status, text, None, code, _error_type(status)))
 
     def break_next_stream(self, kind: str = "failed", after_events: int = 4, code: str = "server_error",
                           message: str | None = None) -> None:
@@ -442,6 +440,13 @@ class SimulatedOpenAIResponses:
             for item in dropped:
                 if isinstance(item.get("id"), str):
                     self._stored_items.pop(item["id"], None)
+
+
+def _error_type(status: int) -> str:
+    """The ``error.type`` of an HTTP status, as OpenAI words it."""
+    if status == 429:
+        return "requests"
+    return "server_error" if status >= 500 else "invalid_request_error"
 
 
 def _unverified(sealed: str, parsed: bool = True) -> OpenAIError:

@@ -635,8 +635,7 @@ def model_view(items: list[dict], settings: Settings) -> dict:
     and the system and developer messages as ``system``, the items as
     alternating messages (function calls as ``tool_use``, their outputs as
     ``tool_result``, reasoning as thinking), function tools as tools, the
-    last block marked for the prompt cache (``prompt_cache_retention``
-    ``24h``: for an hour, the simulator's longest).
+    last block marked for the prompt cache.
     """
     system = [{"type": "text", "text": settings.instructions}] if settings.instructions else []
     messages: list[dict] = []
@@ -650,8 +649,9 @@ def model_view(items: list[dict], settings: Settings) -> dict:
         else:
             messages.append({"role": role, "content": list(blocks)})
     if messages and messages[-1]["content"]:
-        marker = {"type": "ephemeral", "ttl": "1h"} if settings.retention == "24h" else {"type": "ephemeral"}
-        messages[-1]["content"][-1] = dict(messages[-1]["content"][-1], cache_control=marker)
+        # One marker whatever the request's retention: the count of
+        # /v1/responses/input_tokens (which has no retention) stays exact.
+        messages[-1]["content"][-1] = dict(messages[-1]["content"][-1], cache_control={"type": "ephemeral"})
     view: dict = {
         "model": settings.model,
         "max_tokens": settings.max_output_tokens or 32_000,
