@@ -126,7 +126,8 @@ class ConversationReasoning:
     :ivar conversation: the simulator's name for it (``conversation-1``...).
     :ivar label: the ``prompt_cache_key`` of its latest request, if any.
     :ivar organisation: whose it is.
-    :ivar turns: the requests answered in it.
+    :ivar turns: its requests that were checked and answered (a retried
+        turn counts twice; an answer whose stream then failed counts).
     :ivar issued: the ``rs_`` ids of the reasoning items given to it, in order.
     :ivar replayed: those that came back in place at least once.
     :ivar dropped: ``rs_`` id -> the turn that first left it out although

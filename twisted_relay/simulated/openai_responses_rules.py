@@ -141,11 +141,13 @@ def _json_type(value: Any) -> str:
 
 
 def _expect(param: str, value: Any, kind: type, nullable: bool = True) -> None:
+    """Refuse ``value`` unless it is a ``kind`` (``float``: any number), or ``None`` when ``nullable``."""
     if value is None and nullable:
         return
-    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind in (int, float):
+        ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
     if not ok:
         raise OpenAIError(400, f"Invalid type for '{param}': expected {_TYPE_NAMES[kind]}, but got "
                           f"{_json_type(value)} instead.", param, "invalid_type")
@@ -221,6 +223,7 @@ class Settings:
     :ivar summary: the ``reasoning.summary`` asked for, if any.
     :ivar encrypted: ``include`` asks for ``reasoning.encrypted_content``.
     :ivar tools: the function tools, as sent.
+    :ivar echo: what the response object repeats of the request as it came.
     """
 
     model: str
@@ -311,7 +314,7 @@ def read_settings(body: Any, models: Mapping[str, GptModel], *, counting: bool =
     tools = _check_tools(body.get("tools") or [])
     _check_tool_choice(body.get("tool_choice"), tools)
     echo = {key: body.get(key) for key in ("metadata", "safety_identifier", "user", "text", "truncation",
-                                           "service_tier", "top_logprobs", "max_tool_calls")}
+                                           "top_logprobs", "max_tool_calls", "tools", "temperature", "top_p")}
     return Settings(
         model=str(name) if name is not None else "",
         spec=spec,
