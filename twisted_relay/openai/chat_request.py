@@ -253,10 +253,26 @@ def _assistant_message(blocks: list[dict], ctx: TranslateContext, dialect: Diale
     elif dialect.reasoning == REASONING_DETAILS:
         details = [d for p in payloads if isinstance(p.get("reasoning_details"), list) for d in p["reasoning_details"]]
         if details:
-            message["reasoning_details"] = details
+            message["reasoning_details"] = _details_for(details, calls)
     elif dialect.reasoning == THOUGHT_SIGNATURES and calls:
         _sign_calls(calls, payloads)
     return message
+
+
+def _details_for(details: list, calls: list[dict]) -> list:
+    """
+    OpenRouter's ``reasoning_details`` as they came, but for an encrypted
+    entry's ``id``, which must name a tool call of its message (Roo-Code PR
+    #10310): the relay may have renamed that call since (a repeated id made
+    unique, an id fitted to the upstream), so an ``id`` naming none of them
+    names the first.
+    """
+    ids = {call.get("id") for call in calls}
+    if not calls or all(not isinstance(d, dict) or d.get("id") is None or d.get("id") in ids for d in details):
+        return details
+    first = calls[0].get("id")
+    return [dict(d, id=first) if isinstance(d, dict) and d.get("id") is not None and d.get("id") not in ids else d
+            for d in details]
 
 
 def _sign_calls(calls: list[dict], payloads: list[dict]) -> None:

@@ -108,10 +108,13 @@ def _text(content: Any) -> str:
 
 
 def _turn(tool_calls: Any, content: Any) -> list:
-    """What names a turn: its tool calls (ids, names, arguments as values)
-    and its text (a string, or text parts: the same)."""
+    """What names a turn: its tool calls (names, arguments as values) and
+    its text (a string, or text parts: the same). Not the calls' ids: a
+    gateway may rename them (a repeat made unique, an id another backend
+    cannot take), and the vendors' checks bind reasoning to what the model
+    said, not to the ids it was given."""
     calls = [call for call in tool_calls if isinstance(call, dict)] if isinstance(tool_calls, list) else []
-    return [[[call.get("id"), (call.get("function") or {}).get("name"),
+    return [[[(call.get("function") or {}).get("name"),
               _arguments((call.get("function") or {}).get("arguments"))] for call in calls], _text(content)]
 
 

@@ -339,7 +339,10 @@ class ReasoningLedger:
             sealed, or the response stored).
         """
         reasoning = [item["id"] for item in output if item.get("type") == "reasoning"]
-        calls = [fingerprint(item) for item in output if item.get("type") == "function_call"]
+        # Its calls are known by the ids it made (call_...): a copy of another
+        # model's id (the fake model reuses ids of the history) names that model's turn too.
+        calls = [fingerprint(item) for item in output
+                 if item.get("type") == "function_call" and str(item.get("call_id", "")).startswith("call_")]
         texts = [fingerprint(item) for item in output if item.get("type") == "message"]
         self._given += 1
         self._answers[response_id] = _Answer(conversation, organisation, reasoning, replayable, calls, texts,
@@ -379,7 +382,10 @@ class ReasoningLedger:
         """
         votes: dict[str, int] = {}
         keys: Iterable[tuple[dict[str, list[str]], str]] = [(self._by_call, key) for key in run.calls]
-        if conversation is not None:
+        if conversation is not None and not run.calls:
+            # Texts only for a run without calls: a run whose calls are
+            # another model's (a conversation that moved between upstreams)
+            # is not ours, however alike the texts.
             keys = [*keys, *((self._by_text, key) for key in run.texts)]
         for index, key in keys:
             for answer in index.get(key, ()):
