@@ -229,8 +229,10 @@ class _MappedReader(Protocol):
         if reason.check(ResponseDone, PotentialDataLoss):
             try:
                 mapped = self._mapping(body)
-            except (ValueError, KeyError, TypeError, AttributeError):
-                # An answer the wire cannot read is a broken one (502), never passed on as it came.
+            except Exception:
+                # An answer the wire cannot read (not JSON, not its shape, a
+                # failed response inside a 200) is a broken one (502), never
+                # passed on as it came.
                 self._protocol.connectionLost(Failure(ResponseFailed([Failure()])))
                 return
             self._protocol.dataReceived(mapped)
