@@ -57,3 +57,13 @@ class OpenAISessionTests(TestCase):
 
     async def test_openai_chat(self):
         await self.session("openai", thinks=False)
+
+    async def test_alternating_with_anthropic(self):
+        """
+        The same session alternating every three turns between an Anthropic
+        upstream and the Responses upstream: each one's reasoning goes back to
+        it (the Responses upstream's tally; the Anthropic one refuses a tool
+        loop whose thinking it did not sign), none to the other.
+        """
+        figures = await self.session("alternate")
+        self.assertEqual(figures["served"], {"gpt": TURNS // 2, "anthropic": TURNS // 2})

@@ -310,23 +310,27 @@ class ReasoningLedger:
             tally.label = label
         turn = tally.turns
         tally.last_expected = tally.last_replayed = 0
+        # Judged over the whole request: a run matched to the wrong answer
+        # (alike texts and calls of two models in one conversation) must not
+        # make an item sent back look dropped, nor its own look foreign.
+        sent = {rs for run in runs for _, rs in run.reasoning if rs is not None}
+        expected_all: set[str] = set()
         for run, source in zip(runs, sources):
             answer = self._answers.get(source) if source is not None else None
-            present = [rs for _, rs in run.reasoning if rs is not None]
             tally.rebuilt += [(turn, index) for index, rs in run.reasoning if rs is None]
-            expected: list[str] = []
             if answer is not None and answer.conversation == conversation and answer.replayable:
-                expected = answer.reasoning
-            for rs in expected:
-                if rs in present:
-                    tally.replayed.add(rs)
-                else:
-                    tally.dropped.setdefault(rs, turn)
-            for rs in present:
-                if rs not in expected:
-                    tally.foreign.setdefault(rs, turn)
-            tally.last_expected += len(expected)
-            tally.last_replayed += sum(1 for rs in expected if rs in present)
+                expected_all.update(answer.reasoning)
+        ours = set(tally.issued)
+        for rs in expected_all:
+            if rs in sent:
+                tally.replayed.add(rs)
+            else:
+                tally.dropped.setdefault(rs, turn)
+        for rs in sent:
+            if rs not in ours and rs not in expected_all:
+                tally.foreign.setdefault(rs, turn)
+        tally.last_expected = len(expected_all)
+        tally.last_replayed = len(expected_all & sent)
         return conversation
 
     def issue(self, conversation: str, response_id: str, output: list[dict], organisation: str, *,
