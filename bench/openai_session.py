@@ -64,6 +64,8 @@ class Turn:
     number: int
     streamed: bool
     upstream: str | None = None
+    request_id: str | None = None
+    message_id: str | None = None
     error: str | None = None
     tool_ids: list = field(default_factory=list)
     thinking: int = 0
@@ -87,12 +89,15 @@ def session(base_url: str, turns: int, deadline: float, models: list[str]) -> li
             try:
                 if turn.streamed:
                     with client.messages.stream(**request) as events:
-                        turn.upstream = events.response.headers.get("x-relay-upstream")
+                        headers = events.response.headers
                         message = events.get_final_message()
                 else:
                     raw = client.messages.with_raw_response.create(**request)
-                    turn.upstream = raw.headers.get("x-relay-upstream")
+                    headers = raw.headers
                     message = raw.parse()
+                turn.upstream = headers.get("x-relay-upstream")
+                turn.request_id = headers.get("x-relay-request-id")
+                turn.message_id = message.id
             except anthropic.APIError as caught:
                 body = getattr(caught, "body", None)
                 text = body.get("error", {}).get("message") if isinstance(body, dict) else str(caught)
@@ -120,58 +125,103 @@ def _upstream_table(name: str, url: str, wire: str, key: str, model: str, dialec
     return "\n".join(lines) + "\n\n"
 
 
+class OpenAIUpstreams:
+    """
+    The simulated upstream(s) of ``upstream`` served on 127.0.0.1, and the
+    relay's TOML file for them: ``responses`` (GPT on the Responses API), a
+    Chat dialect, or ``alternate`` (Responses, and an Anthropic upstream for
+    ``claude-sonnet-5-5``). The model the client asks for, ``claude-opus-4-6``,
+    goes to the upstream's model by its model map.
+
+    :ivar simulators: ``responses``, ``chat`` and ``anthropic``, as served.
+    :ivar models: the models a client may ask for.
+    """
+
+    def __init__(self, reactor, upstream: str, seed: int = 7, keep: int = 1000):
+        from twisted_relay.simulated.openai_chat import SimulatedOpenAIChat
+        from twisted_relay.simulated.openai_responses import SimulatedOpenAIResponses
+
+        self.upstream = upstream
+        self.simulators: dict = {}
+        self.models = [MODEL]
+        self._reactor = reactor
+        self._ports: list = []
+        self._tables: list[str] = []
+        routes = []
+        if upstream in ("responses", "alternate"):
+            fake = SimulatedUpstream(reactor=reactor, mode="lenient", seed=seed, keep_requests=keep)
+            self.simulators["responses"] = SimulatedOpenAIResponses(fake, keys={KEY: "org-relay"}, keep_requests=keep)
+            url = self._serve(self.simulators["responses"].resource()) + "/v1"
+            self._tables.append(_upstream_table("gpt", url, "openai-responses", KEY, UPSTREAM_MODELS["responses"]))
+        else:
+            id_style = "kimi" if upstream == "kimi" else "toolu"
+            fake = SimulatedUpstream(reactor=reactor, mode="lenient", seed=seed, id_style=id_style, keep_requests=keep)
+            self.simulators["chat"] = SimulatedOpenAIChat(upstream, fake, keys={KEY}, reactor=reactor,
+                                                          keep_requests=keep)
+            url = self._serve(self.simulators["chat"].resource()) + "/v1"
+            self._tables.append(_upstream_table("chat", url, "openai-chat", KEY, UPSTREAM_MODELS[upstream], upstream))
+        if upstream == "alternate":
+            anthropic = SimulatedUpstream(reactor=reactor, mode="strict", seed=seed + 1,
+                                          id_pattern=ANTHROPIC_ID_PATTERN, thinking_secret="anthropic-thinking",
+                                          keep_requests=keep)
+            self.simulators["anthropic"] = anthropic
+            self._tables.append(_upstream_table("anthropic", self._serve(anthropic.resource()), "anthropic",
+                                                ANTHROPIC_KEY, MODEL))
+            routes.append('[[routes]]\nmodels = ["claude-sonnet-5-5"]\ntargets = [{ upstream = "anthropic" }]\n')
+            self.models = [MODEL, "claude-sonnet-5-5"]
+        first = "gpt" if "responses" in self.simulators else "chat"
+        routes.append('[[routes]]\ntargets = [{ upstream = "%s" }]\n' % (first,))
+        self._routes = routes
+
+    def _serve(self, resource) -> str:
+        port = self._reactor.listenTCP(0, Site(resource), interface="127.0.0.1")
+        self._ports.append(port)
+        return "http://127.0.0.1:%d" % (port.getHost().port,)
+
+    def config(self, folder: str) -> str:
+        """The relay's TOML file (4xx dumps in ``folder/dumps``), written in ``folder``; its path."""
+        path = os.path.join(folder, "relay.toml")
+        with open(path, "w") as f:
+            f.write('[relay]\ndump-dir = "%s"\n\n' % (os.path.join(folder, "dumps"),) + "".join(self._tables)
+                    + "\n".join(self._routes))
+        return path
+
+    def reasoning_figures(self) -> dict:
+        """The simulator's own tally of the reasoning sent back: ``reasoning_ok`` and what went wrong."""
+        figures: dict = {}
+        if "responses" in self.simulators:
+            report = self.simulators["responses"].reasoning_report()
+            figures["reasoning_ok"] = report.ok
+            figures["reasoning_problems"] = report.problems()[:5]
+        if "chat" in self.simulators:
+            totals = self.simulators["chat"].reasoning.totals()
+            figures["reasoning_totals"] = totals
+            figures["reasoning_ok"] = not (totals.get("missing") or totals.get("foreign") or totals.get("refused"))
+        return figures
+
+    async def stop(self) -> None:
+        for port in self._ports:
+            await port.stopListening()
+
+
 async def run_session(reactor, *, upstream: str = "responses", turns: int = 300, time_limit: float = 900.0,
                       seed: int = 7) -> dict:
     """Serve the simulators and the relay on 127.0.0.1, run the session, stop everything, give the figures."""
-    from twisted_relay.simulated.openai_chat import SimulatedOpenAIChat
-    from twisted_relay.simulated.openai_responses import SimulatedOpenAIResponses
-
     folder = tempfile.mkdtemp(prefix="openai-session-")
-    ports, tables, routes, models = [], [], [], [MODEL]
-    keep = turns * 3 + 100
-    simulators = {}
-
-    def serve(resource) -> str:
-        port = reactor.listenTCP(0, Site(resource), interface="127.0.0.1")
-        ports.append(port)
-        return "http://127.0.0.1:%d" % (port.getHost().port,)
-
-    if upstream in ("responses", "alternate"):
-        fake = SimulatedUpstream(reactor=reactor, mode="lenient", seed=seed, keep_requests=keep)
-        simulators["responses"] = SimulatedOpenAIResponses(fake, keys={KEY: "org-relay"}, keep_requests=keep)
-        url = serve(simulators["responses"].resource()) + "/v1"
-        tables.append(_upstream_table("gpt", url, "openai-responses", KEY, UPSTREAM_MODELS["responses"]))
-    else:
-        id_style = "kimi" if upstream == "kimi" else "toolu"
-        fake = SimulatedUpstream(reactor=reactor, mode="lenient", seed=seed, id_style=id_style, keep_requests=keep)
-        simulators["chat"] = SimulatedOpenAIChat(upstream, fake, keys={KEY}, reactor=reactor, keep_requests=keep)
-        url = serve(simulators["chat"].resource()) + "/v1"
-        tables.append(_upstream_table("chat", url, "openai-chat", KEY, UPSTREAM_MODELS[upstream], upstream))
-    if upstream == "alternate":
-        anthropic = SimulatedUpstream(reactor=reactor, mode="strict", seed=seed + 1, id_pattern=ANTHROPIC_ID_PATTERN,
-                                      thinking_secret="anthropic-thinking", keep_requests=keep)
-        simulators["anthropic"] = anthropic
-        tables.append(_upstream_table("anthropic", serve(anthropic.resource()), "anthropic", ANTHROPIC_KEY, MODEL))
-        routes.append('[[routes]]\nmodels = ["claude-sonnet-5-5"]\ntargets = [{ upstream = "anthropic" }]\n')
-        models = [MODEL, "claude-sonnet-5-5"]
-    first = "gpt" if "responses" in simulators else "chat"
-    routes.append('[[routes]]\ntargets = [{ upstream = "%s" }]\n' % (first,))
-    config_file = os.path.join(folder, "relay.toml")
-    with open(config_file, "w") as f:
-        f.write('[relay]\ndump-dir = "%s"\n\n' % (os.path.join(folder, "dumps"),) + "".join(tables) + "\n".join(routes))
+    upstreams = OpenAIUpstreams(reactor, upstream, seed, keep=turns * 3 + 100)
     port = free_port()
-    config = read_settings({"listen": ["tcp:%d:interface=127.0.0.1" % (port,)]}, config_file)
+    config = read_settings({"listen": ["tcp:%d:interface=127.0.0.1" % (port,)]}, upstreams.config(folder))
     relay = Relay(config.with_changes(drain_delay=0.0), reactor)
     relay.service.privilegedStartService()
     relay.service.startService()
     started = time.monotonic()
     try:
-        done = await deferToThread(session, "http://127.0.0.1:%d" % (port,), turns, started + time_limit, models)
+        done = await deferToThread(session, "http://127.0.0.1:%d" % (port,), turns, started + time_limit,
+                                   upstreams.models)
         seconds = time.monotonic() - started
     finally:
         await relay.service.stopService()
-        for listening in ports:
-            await listening.stopListening()
+        await upstreams.stop()
     ids = Counter(i for turn in done for i in turn.tool_ids)
     registry = relay.metrics.registry
     figures = {
@@ -183,15 +233,8 @@ async def run_session(reactor, *, upstream: str = "responses", turns: int = 300,
         "answers_with_thinking": sum(1 for turn in done if turn.thinking),
         "served": dict(Counter(turn.upstream for turn in done if turn.error is None)),
         "dumps": sum(len(names) for _, _, names in os.walk(os.path.join(folder, "dumps"))),
+        **upstreams.reasoning_figures(),
     }
-    if "responses" in simulators:
-        report = simulators["responses"].reasoning_report()
-        figures["reasoning_ok"] = report.ok
-        figures["reasoning_problems"] = report.problems()[:5]
-    if "chat" in simulators:
-        totals = simulators["chat"].reasoning.totals()
-        figures["reasoning_totals"] = totals
-        figures["reasoning_ok"] = not (totals.get("missing") or totals.get("foreign") or totals.get("refused"))
     shutil.rmtree(folder, ignore_errors=True)
     return figures
 

@@ -378,3 +378,26 @@ def readme() -> str:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
         return " ".join(f.read().split())
+
+
+def check_cli_rounds(testcase, figures: dict, rounds: int, max_turns: int) -> None:
+    """
+    What every run of the real Claude Code CLI through the relay must show
+    (``bench.claude_code.run_rounds``' figures): each round ended at its turn
+    limit (the simulated model calls a tool whenever it has one) with no API
+    error and not killed; as many tool calls as turns, each with its result,
+    only the tools given; no id the CLI saw twice though the upstream reused
+    some (the relay renamed them); a thinking block each turn; nothing
+    reached outside 127.0.0.1.
+    """
+    for run in figures["rounds"]:
+        testcase.assertFalse(run["timed_out"], run)
+        testcase.assertIsNone(run["api_error_status"], run)
+        testcase.assertEqual((run["subtype"], run["terminal_reason"]), ("error_max_turns", "max_turns"), run)
+    testcase.assertEqual(figures["outside"], [])
+    testcase.assertGreaterEqual(figures["tool_uses"], rounds * max_turns)
+    testcase.assertEqual(figures["tool_results"], figures["tool_uses"])
+    testcase.assertLessEqual(set(figures["tools"]), {"Read", "Glob"})
+    testcase.assertEqual(figures["duplicate_ids"], 0)
+    testcase.assertGreater(figures["ids_renamed"], 0)
+    testcase.assertGreaterEqual(figures["thinking_blocks"], rounds * max_turns)

@@ -19,51 +19,29 @@ without it these tests are skipped.
 
 from __future__ import annotations
 
-import os
-
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
-from bench.claude_code_clouds import BEDROCK_BETA_REFUSAL, CLI_VARIABLE, CLI_VERSION, run_cli_session
+from bench.claude_code import installed_cli
+from bench.claude_code_clouds import BEDROCK_BETA_REFUSAL, run_cli_session
+from tests.helpers import check_cli_rounds
 
-CLAUDE = os.environ.get(CLI_VARIABLE, "")
+CLAUDE, NOT_INSTALLED = installed_cli()
 ROUNDS = 2
 MAX_TURNS = 3
 
 
-def _skip() -> str | None:
-    if not CLAUDE:
-        return ("the Claude Code CLI is not installed: set $%s to its claude executable "
-                "(npm install --prefix DIR @anthropic-ai/claude-code@%s; .ci/run does)" % (CLI_VARIABLE, CLI_VERSION))
-    if not os.access(CLAUDE, os.X_OK):
-        return "$%s names %s, which is not an executable" % (CLI_VARIABLE, CLAUDE)
-    return None
-
-
 class ClaudeCodeCloudTests(TestCase):
-    skip = _skip()
+    skip = NOT_INSTALLED
     # Each round takes about a second here; a hung CLI is killed after 60.
     timeout = 2 * ROUNDS * 60 + 30
 
     async def session(self, cloud: str) -> dict:
         figures = await run_cli_session(reactor, claude=CLAUDE, cloud=cloud, rounds=ROUNDS, max_turns=MAX_TURNS,
                                         timeout=60.0)
-        for run in figures["rounds"]:
-            # The simulated model calls a tool whenever it has one: each round ends at its turn limit,
-            # with no API error on the way.
-            self.assertFalse(run["timed_out"], run)
-            self.assertIsNone(run["api_error_status"], run)
-            self.assertEqual((run["subtype"], run["terminal_reason"]), ("error_max_turns", "max_turns"), run)
-        self.assertEqual(figures["outside"], [])
+        check_cli_rounds(self, figures, ROUNDS, MAX_TURNS)
         self.assertEqual(figures["off_the_wire"], [])
         self.assertGreaterEqual(figures["requests"], ROUNDS * MAX_TURNS)
-        self.assertGreaterEqual(figures["tool_uses"], ROUNDS * MAX_TURNS)
-        self.assertEqual(figures["tool_results"], figures["tool_uses"])
-        self.assertLessEqual(set(figures["tools"]), {"Read", "Glob"})
-        self.assertEqual(figures["duplicate_ids"], 0)
-        # Every third tool call of the simulated model reuses an id: the relay renamed them for the CLI.
-        self.assertGreater(figures["ids_renamed"], 0)
-        self.assertGreaterEqual(figures["thinking_blocks"], ROUNDS * MAX_TURNS)
         # Every answer went back to the cloud with its thinking.
         self.assertGreater(figures["requests_with_thinking_back"], 0)
         self.assertEqual(figures["answers_sent_back_without_thinking"], 0)

@@ -583,6 +583,45 @@ class DialectTests(SynchronousTestCase):
         self.assertTrue(own.fullmatch("functions.Bash:3"))
         self.assertIsNone(own.fullmatch("toolu_01ABC"))
 
+    def test_gemini_function_schema(self):
+        # Gemini's function parameters are its Schema, a subset of OpenAPI 3.0: Claude Code's Read tool as
+        # it sends it was a 400 "Invalid JSON payload received. Unknown name \"additionalProperties\" ...",
+        # then "exclusiveMinimum" (llmgateway #1763, pi #4932).
+        read = {"name": "Read", "description": "Reads a file.", "input_schema": {
+            "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+            "properties": {
+                "file_path": {"description": "The absolute path to the file to read", "type": "string"},
+                "offset": {"type": "integer", "minimum": 0, "maximum": 9007199254740991},
+                "limit": {"type": "integer", "exclusiveMinimum": 0, "maximum": 9007199254740991},
+                "ratio": {"type": "number", "exclusiveMaximum": 1.5},
+                "url": {"type": "string", "format": "uri"},
+                "mode": {"const": "lines"},
+                "tags": {"type": "array", "items": {"type": ["string", "null"], "propertyNames": {"pattern": "x"}}},
+                "either": {"oneOf": [{"type": "string"}, {"type": ["integer", "boolean"]}]},
+                "ref": {"$ref": "#/$defs/Other", "description": "Elsewhere."},
+            },
+            "required": ["file_path"], "additionalProperties": False, "$defs": {"Other": {"type": "string"}}}}
+        sent = to_chat(request(tool_loop(1), tools=[read]), chat_ctx("gemini"))
+        self.assertEqual(sent["tools"][0]["function"]["parameters"], {
+            "type": "object",
+            "properties": {
+                "file_path": {"description": "The absolute path to the file to read", "type": "string"},
+                "offset": {"type": "integer", "minimum": 0, "maximum": 9007199254740991},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 9007199254740991},
+                "ratio": {"type": "number", "maximum": 1.5},
+                "url": {"type": "string"},
+                "mode": {"enum": ["lines"]},
+                "tags": {"type": "array", "items": {"nullable": True, "type": "string"}},
+                "either": {"anyOf": [{"type": "string"}, {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}]},
+                "ref": {"description": "Elsewhere."},
+            },
+            "required": ["file_path"]})
+        # Every other dialect, and the Responses API, take JSON Schema as it is (without $schema).
+        expected = {k: v for k, v in read["input_schema"].items() if k != "$schema"}
+        self.assertEqual(to_chat(request(tool_loop(1), tools=[read]), chat_ctx("deepseek"))["tools"][0]["function"]
+                         ["parameters"], expected)
+        self.assertEqual(to_responses(request(tool_loop(1), tools=[read]), CTX)["tools"][0]["parameters"], expected)
+
     def test_every_dialect(self):
         self.assertEqual(set(DIALECTS), {"openai", "deepseek", "kimi", "glm", "gemini", "groq", "mistral",
                                          "openrouter", "xai"})

@@ -477,6 +477,31 @@ class DialectRuleTests(SynchronousTestCase):
             "object": "error", "message": "Tool call id was toolu_01abc but must be a-z, A-Z, 0-9, with a length "
             "of 9.", "type": "invalid_function_call", "param": None, "code": "3280"}))
 
+    def test_gemini_function_schema(self) -> None:
+        """Gemini's function parameters are its Schema (a subset of OpenAPI 3.0): each JSON Schema keyword it
+        lacks is a line of one 400, where Gemini names it (llmgateway #1763: Claude Code's tools)."""
+        chat = _Chat("gemini")
+        read = {"type": "function", "function": {"name": "Read", "parameters": {
+            "type": "object", "additionalProperties": False, "required": ["file_path"],
+            "properties": {"file_path": {"type": "string"},
+                           "limit": {"type": "integer", "exclusiveMinimum": 0},
+                           "paths": {"type": "array", "items": {"type": "string", "const": "a"}},
+                           "mode": {"anyOf": [{"type": "string", "propertyNames": {}}, {"type": "integer"}]}}}}}
+        status, body = chat.post(chat.body(_first_messages(), tools=[TOOLS[0], read]))
+        where = "tools[0].function_declarations[1].parameters"
+        self.assertEqual((status, body), (400, [{"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": "\n".join(
+            'Invalid JSON payload received. Unknown name "%s" at \'%s\': Cannot find field.' % (name, path) for name, path in (
+                ("additionalProperties", where), ("exclusiveMinimum", where + ".properties[1].value"),
+                ("const", where + ".properties[2].value.items"),
+                ("propertyNames", where + ".properties[3].value.any_of[0]")))}}]))
+        # What its Schema has passes.
+        read["function"]["parameters"] = {
+            "type": "object", "required": ["file_path"], "properties": {
+                "file_path": {"type": "string", "description": "A path.", "format": "date-time"},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 9007199254740991, "nullable": True},
+                "paths": {"type": "array", "items": {"type": "string", "enum": ["a"]}, "minItems": 1}}}
+        self.assertEqual(chat.post(chat.body(_first_messages(), tools=[TOOLS[0], read]))[0], 200)
+
     def test_openai_ids_at_most_40(self) -> None:
         """OpenAI takes tool call ids of at most 40 characters (an Anthropic id is longer)."""
         chat = _Chat("openai")

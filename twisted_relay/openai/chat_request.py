@@ -80,7 +80,7 @@ def to_chat(body: dict, ctx: TranslateContext) -> dict:
         else:
             _user_messages(blocks, "system" if message.get("role") == "system" else "user", dialect, messages)
     request: dict[str, Any] = {"model": ctx.model, "messages": [dialect.without_refused(m) for m in messages]}
-    tools = [_tool(tool) for _, tool in function_tools(body, web_search=False)]
+    tools = [_tool(tool, dialect) for _, tool in function_tools(body, web_search=False)]
     if tools:
         request["tools"] = tools
     choice = body.get("tool_choice")
@@ -122,11 +122,11 @@ def to_chat(body: dict, ctx: TranslateContext) -> dict:
     return dialect.without_refused(request)
 
 
-def _tool(tool: dict) -> dict:
+def _tool(tool: dict, dialect: Dialect) -> dict:
     function: dict[str, Any] = {"name": tool.get("name")}
     if isinstance(tool.get("description"), str):
         function["description"] = tool["description"]
-    function["parameters"] = tool_parameters(tool.get("input_schema"))
+    function["parameters"] = tool_parameters(tool.get("input_schema"), dialect.schema_fields)
     return {"type": "function", "function": function}
 
 

@@ -26,7 +26,13 @@ brief, section 3):
   the reasoning effort's field and values, ``prompt_cache_key``, the end
   user's field, ``parallel_tool_calls``, JSON-schema output, stop sequences;
 - fields it refuses (:attr:`Dialect.refused`): never sent, whatever the
-  translation made.
+  translation made;
+- the JSON Schema it takes for function parameters
+  (:attr:`Dialect.schema_fields`): Gemini's is a subset of OpenAPI 3.0, and
+  a keyword it lacks (Claude Code's ``Read`` tool has
+  ``additionalProperties`` and ``exclusiveMinimum``) is a 400 "Invalid JSON
+  payload received. Unknown name ...: Cannot find field." (llmgateway #1763,
+  pi #4932).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import Any
 __all__ = [
     "DIALECTS",
     "EFFORTS",
+    "GEMINI_SCHEMA_FIELDS",
     "GEMINI_SKIP_SIGNATURE",
     "MISTRAL_ID_PATTERN",
     "RESPONSES_ID_PATTERN",
@@ -56,6 +63,14 @@ REASONING_DETAILS = "reasoning_details"
 
 #: Gemini's documented dummy signature for function calls it did not make.
 GEMINI_SKIP_SIGNATURE = "skip_thought_signature_validator"
+#: The fields of Gemini's ``Schema`` (the Gemini API's, generativelanguage
+#: v1beta), which a function's ``parameters`` become on its OpenAI-compatible
+#: endpoint too.
+GEMINI_SCHEMA_FIELDS = frozenset({
+    "anyOf", "default", "description", "enum", "example", "format", "items", "maxItems", "maxLength",
+    "maxProperties", "maximum", "minItems", "minLength", "minProperties", "minimum", "nullable", "pattern",
+    "properties", "propertyOrdering", "required", "title", "type",
+})
 #: Mistral's tool-call ids: "must be a-z, A-Z, 0-9, with a length of 9".
 MISTRAL_ID_PATTERN = r"^[A-Za-z0-9]{9}$"
 #: A Responses ``call_id``: at most 64 characters.
@@ -100,6 +115,9 @@ class Dialect:
         core's ``original`` policy), or ``None``.
     :ivar refused: fields never sent, at the top of the body or on a message
         (the dialect refuses them, or refuses every field it does not know).
+    :ivar schema_fields: the JSON Schema keywords its function parameters
+        take (:func:`~twisted_relay.openai.request_parts.schema_within`);
+        ``None``: any.
     """
 
     name: str
@@ -119,6 +137,7 @@ class Dialect:
     id_pattern: str | None = None
     own_ids: str | None = None
     refused: frozenset = field(default_factory=frozenset)
+    schema_fields: frozenset | None = None
 
     def effort(self, anthropic_effort: str | None) -> str | None:
         """The dialect's value for ``anthropic_effort``, or ``None`` (not sent)."""
@@ -178,6 +197,7 @@ DIALECTS: dict[str, Dialect] = {
             reasoning=THOUGHT_SIGNATURES,
             effort_field="reasoning_effort",
             efforts=(("low", "low"), ("medium", "high"), ("high", "high"), ("xhigh", "high"), ("max", "high")),
+            schema_fields=GEMINI_SCHEMA_FIELDS,
         ),
         # Groq: strict unknown-field validation, no reasoning field on messages.
         Dialect(

@@ -34,6 +34,7 @@ __all__ = [
     "image_url",
     "opened_reasoning",
     "requested_effort",
+    "schema_within",
     "system_text",
     "tool_parameters",
     "tool_result_parts",
@@ -138,18 +139,71 @@ def arguments_of(tool_input: Any) -> str:
     return json.dumps({} if tool_input is None else tool_input, ensure_ascii=False, separators=(",", ":"))
 
 
-def tool_parameters(schema: Any) -> dict:
+def tool_parameters(schema: Any, fields: frozenset | None = None) -> dict:
     """
     A tool's ``input_schema`` as a function's ``parameters``: an object
     schema (``type`` and ``properties`` added where missing), without
-    ``$schema``.
+    ``$schema``; with ``fields`` (a dialect's :attr:`~.dialects.Dialect.schema_fields`)
+    written in those alone (:func:`schema_within`).
     """
     parameters = dict(schema) if isinstance(schema, dict) else {}
     parameters.pop("$schema", None)
+    if fields is not None:
+        parameters = schema_within(parameters, fields)
     parameters.setdefault("type", "object")
     if parameters["type"] == "object":
         parameters.setdefault("properties", {})
     return parameters
+
+
+# The formats Gemini's Schema takes (others are refused): numbers', integers' and strings'.
+_SCHEMA_FORMATS = frozenset({"float", "double", "int32", "int64", "enum", "date-time"})
+
+
+def schema_within(schema: dict, fields: frozenset) -> dict:
+    """
+    A JSON Schema written in ``fields`` alone, at every level (``properties``'
+    values, ``items``, ``anyOf``), for an upstream whose function parameters
+    are a subset of OpenAPI 3.0 (Gemini's ``Schema``): an exclusive bound as
+    an inclusive one (an integer's moved by one, a number's kept: the client
+    checks the tool's input anyway), ``const`` as a one-value ``enum``,
+    ``oneOf`` as ``anyOf``, a list of types as one type (``nullable`` for
+    ``"null"``) or an ``anyOf`` of them; other keywords
+    (``additionalProperties``, ``$ref``...) and formats it lacks left out.
+    """
+    kept: dict[str, Any] = {}
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [item for item in kind if item != "null"]
+        if "null" in kind:
+            kept["nullable"] = True
+        if len(kinds) == 1:
+            kind = kinds[0]
+        else:
+            kind = None
+            kept["anyOf"] = [{"type": item} for item in kinds]
+    if kind is not None:
+        kept["type"] = kind
+    for bound, inclusive, step in (("exclusiveMinimum", "minimum", 1), ("exclusiveMaximum", "maximum", -1)):
+        value = schema.get(bound)
+        if type(value) in (int, float) and inclusive not in schema:
+            kept[inclusive] = value + step if kind == "integer" else value
+    if isinstance(schema.get("const"), str) and "enum" not in schema:
+        kept["enum"] = [schema["const"]]
+    for name, value in schema.items():
+        if name == "oneOf" and "anyOf" not in schema:
+            name = "anyOf"
+        if name not in fields or name in kept or name == "type" or (name == "format" and value not in _SCHEMA_FORMATS):
+            continue
+        if name == "properties" and isinstance(value, dict):
+            value = {key: schema_within(item, fields) if isinstance(item, dict) else item
+                     for key, item in value.items()}
+        elif name == "items" and isinstance(value, dict):
+            value = schema_within(value, fields)
+        elif name == "anyOf" and isinstance(value, list):
+            value = [schema_within(item, fields) if isinstance(item, dict) else item for item in value]
+        kept[name] = value
+    return kept
 
 
 def function_tools(body: dict, web_search: bool) -> Iterator[tuple[str, dict]]:

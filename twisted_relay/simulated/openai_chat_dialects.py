@@ -13,7 +13,9 @@ Completions upstream"):
   every assistant message with ``tool_calls``; DeepSeek takes no images.
 - ``gemini``: a ``thought_signature`` on the first tool call of each step,
   required back (its own, for this account) on the steps after the last user
-  message.
+  message; function parameters in its ``Schema`` (a subset of OpenAPI 3.0:
+  a JSON Schema keyword it lacks, ``additionalProperties`` or
+  ``exclusiveMinimum``, is refused).
 - ``groq``: strict fields: an unknown one is refused, ``reasoning_content``
   and ``reasoning`` on messages too.
 - ``mistral``: tool call ids of exactly 9 letters or digits, both ways.
@@ -36,6 +38,8 @@ __all__ = [
     "DIALECTS",
     "GEMINI_CORRUPTED",
     "GEMINI_MISSING",
+    "GEMINI_SCHEMA_FIELDS",
+    "GEMINI_UNKNOWN_NAME",
     "GROQ_FIELDS",
     "SKIP_SIGNATURE",
     "ChatRefusal",
@@ -127,6 +131,15 @@ GEMINI_MISSING = (
     "https://ai.google.dev/gemini-api/docs/thought-signatures for more details."
 )
 GEMINI_CORRUPTED = "Corrupted thought signature."
+#: The fields of Gemini's ``Schema`` (generativelanguage v1beta), which a
+#: function's ``parameters`` become: any other is an unknown name.
+GEMINI_SCHEMA_FIELDS = frozenset({
+    "anyOf", "default", "description", "enum", "example", "format", "items", "maxItems", "maxLength",
+    "maxProperties", "maximum", "minItems", "minLength", "minProperties", "minimum", "nullable", "pattern",
+    "properties", "propertyOrdering", "required", "title", "type",
+})
+#: Gemini's words for each of them (one line each, in one message).
+GEMINI_UNKNOWN_NAME = "Invalid JSON payload received. Unknown name \"{name}\" at '{where}': Cannot find field."
 #: The signature Gemini documents for history another model made.
 SKIP_SIGNATURE = "skip_thought_signature_validator"
 
@@ -417,6 +430,32 @@ def _check_mistral(messages: list) -> None:
                               "of 9.", error_type="invalid_function_call", code="3280")
 
 
+def _unknown_names(schema: Any, where: str) -> list[str]:
+    """Gemini's line for every name in ``schema`` (and the schemas in it) its ``Schema`` lacks."""
+    if not isinstance(schema, dict):
+        return []
+    lines = [GEMINI_UNKNOWN_NAME.format(name=name, where=where) for name in schema
+             if name not in GEMINI_SCHEMA_FIELDS]
+    properties = schema.get("properties")
+    for n, value in enumerate(properties.values() if isinstance(properties, dict) else ()):
+        lines.extend(_unknown_names(value, f"{where}.properties[{n}].value"))
+    lines.extend(_unknown_names(schema.get("items"), f"{where}.items"))
+    for n, value in enumerate(schema.get("anyOf") if isinstance(schema.get("anyOf"), list) else ()):
+        lines.extend(_unknown_names(value, f"{where}.any_of[{n}]"))
+    return lines
+
+
+def _check_gemini(body: dict) -> None:
+    """Function parameters become Gemini's ``Schema``: a name it lacks is a 400 (every one, one line each)."""
+    lines: list[str] = []
+    for n, tool in enumerate(body.get("tools") or ()):
+        function = tool.get("function")
+        if isinstance(function, dict):
+            lines.extend(_unknown_names(function.get("parameters"), f"tools[0].function_declarations[{n}].parameters"))
+    if lines:
+        raise refusal("gemini", "\n".join(lines))
+
+
 def _image_column(raw: bytes) -> tuple[int, int]:
     """Where (line, column) a strict deserializer stops at the first image part of ``raw``."""
     found = re.search(rb'"type"\s*:\s*"image_url"', raw)
@@ -458,6 +497,8 @@ def check_request(dialect: Dialect, body: Any, raw: bytes) -> list:
         _check_openai(body, messages)
     elif name == "mistral":
         _check_mistral(messages)
+    elif name == "gemini":
+        _check_gemini(body)
     if not dialect.images:
         _check_images(messages, raw)
     _check_pairs(name, messages)
