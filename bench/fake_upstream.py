@@ -22,8 +22,18 @@ one scan, not a parse):
 ``bench:json`` (and anything else)
     A small non-streaming Messages answer.
 
+Bedrock's InvokeModel routes answer too, the model taken from the path
+(``POST /model/bench:paced:50:20/invoke-with-response-stream``; the body
+has no ``model`` on that wire): the same streams as Amazon's event stream
+(``application/vnd.amazon.eventstream``), one ``chunk`` frame per Anthropic
+event, its JSON ``{"bytes": base64 of the event, "p": padding}``, no
+``ping`` (Bedrock sends none), the invocation metrics on ``message_stop``;
+``/model/{id}/invoke`` (and any other operation) answers the small JSON
+message. Signatures are not checked: the relay still signs every request.
+
 Paced streams share one timer: a wheel of 1 ms slots, so that the cost per
-event is one ``%`` format and one ``write``. Run it as::
+event is one ``%`` format and one ``write`` (and on Bedrock's route, one
+frame: a base64 and two CRC32s). Run it as::
 
     python bench/fake_upstream.py --port 0 --port-file PATH
 
@@ -36,15 +46,22 @@ import argparse
 import asyncio
 import os
 import signal
+import struct
 import sys
 import time
+from binascii import b2a_base64
+from urllib.parse import unquote
+from zlib import crc32
 
 __all__ = [
+    "BEDROCK_PADDING",
     "DELTA_TEXT_BYTES",
     "STAMP_MARKER",
     "FakeUpstream",
+    "chunk_frame",
     "delta_event",
     "main",
+    "start_server",
     "stream_events",
 ]
 
@@ -63,6 +80,9 @@ _DELTA_TEMPLATE = (
     + _FILLER
     + b'"}}\n\n'
 )
+
+# The delta's JSON alone, as a Bedrock chunk carries it.
+_DELTA_JSON_TEMPLATE = _DELTA_TEMPLATE.split(b"\ndata: ", 1)[1].rstrip(b"\n")
 
 # The same, framed as one HTTP chunk: every delta has the same length.
 _DELTA_CHUNK_TEMPLATE = b"%x\r\n" % (len(_DELTA_TEMPLATE % (0,)),) + _DELTA_TEMPLATE + b"\r\n"
@@ -102,14 +122,73 @@ _STREAM_HEADERS = (
 _MAX_HEAD = 64 * 1024
 
 
+# -- Bedrock's event stream: the same events, framed --------------------------------
+
+#: The ``p`` padding of every chunk: Bedrock pads each chunk with a run of
+#: the alphabet of random length; this is about the mean seen.
+BEDROCK_PADDING = b"abcdefghijklmnopqrstuvwxyzABCD"
+
+_BEDROCK_HEADERS = (
+    b"content-type: application/vnd.amazon.eventstream\r\n"
+    b"x-amzn-requestid: 5e1b7f3c-bench-4d7a-9c1e-000000000000\r\n"
+    b"x-amzn-bedrock-content-type: application/json\r\n"
+)
+_METRICS = (
+    b'"amazon-bedrock-invocationMetrics":{"inputTokenCount":25,"outputTokenCount":15,'
+    b'"invocationLatency":1250,"firstByteLatency":310}'
+)
+_PRELUDE = struct.Struct("!II")
+_UINT32 = struct.Struct("!I")
+
+
+def _string_header(name: bytes, value: bytes) -> bytes:
+    return bytes([len(name)]) + name + b"\x07" + struct.pack("!H", len(value)) + value
+
+
+_CHUNK_HEADERS = (
+    _string_header(b":event-type", b"chunk")
+    + _string_header(b":content-type", b"application/json")
+    + _string_header(b":message-type", b"event")
+)
+
+
+def chunk_frame(event_json: bytes) -> bytes:
+    """One event-stream ``chunk`` message carrying one Anthropic event's JSON, as Bedrock frames it."""
+    payload = b'{"bytes":"%s","p":"%s"}' % (b2a_base64(event_json, newline=False), BEDROCK_PADDING)
+    prelude = _PRELUDE.pack(16 + len(_CHUNK_HEADERS) + len(payload), len(_CHUNK_HEADERS))
+    message = prelude + _UINT32.pack(crc32(prelude)) + _CHUNK_HEADERS + payload
+    return message + _UINT32.pack(crc32(message))
+
+
+def _bedrock_event(sse_event: bytes) -> bytes:
+    """An SSE event's JSON as Bedrock sends it: ``message_stop`` with the invocation metrics."""
+    data = sse_event.split(b"\ndata: ", 1)[1].rstrip(b"\n")
+    if data == b'{"type":"message_stop"}':
+        data = data[:-1] + b"," + _METRICS + b"}"
+    return data
+
+
+def _bedrock_delta(stamp_us: int) -> bytes:
+    return chunk_frame(_DELTA_JSON_TEMPLATE % (stamp_us,))
+
+
+def _bedrock_delta_chunk(stamp_us: int) -> bytes:
+    return _chunk(_bedrock_delta(stamp_us))
+
+
 def delta_event(stamp_us: int) -> bytes:
     """One stamped ``content_block_delta`` event."""
     return _DELTA_TEMPLATE % (stamp_us,)
 
 
-def stream_events(deltas: int) -> list[bytes]:
-    """Every event of a text stream of ``deltas`` deltas (stamped 0)."""
-    return list(_HEAD) + [delta_event(0)] * deltas + list(_TAIL)
+def stream_events(deltas: int, ping: bool = True) -> list[bytes]:
+    """
+    Every event of a text stream of ``deltas`` deltas (stamped 0); without
+    the ``ping`` with ``ping=False``, as Bedrock streams (and the relay reads
+    a Bedrock stream back as Anthropic's SSE).
+    """
+    head = _HEAD if ping else tuple(e for e in _HEAD if e != _PING)
+    return list(head) + [delta_event(0)] * deltas + list(_TAIL)
 
 
 def _chunk(data: bytes) -> bytes:
@@ -120,17 +199,49 @@ def _now_us() -> int:
     return time.monotonic_ns() // 1000
 
 
+class _Wire:
+    """
+    How one upstream wire writes a stream: its response headers, the events
+    before the deltas and after them (each one piece to write), and a
+    stamped delta (alone, or framed as one HTTP chunk).
+    """
+
+    __slots__ = ("name", "headers", "head", "tail", "delta", "delta_chunk")
+
+    def __init__(self, name: str, headers: bytes, head: tuple, tail: tuple, delta, delta_chunk):
+        self.name = name
+        self.headers = headers
+        self.head = head
+        self.tail = tail
+        self.delta = delta
+        self.delta_chunk = delta_chunk
+
+
+_ANTHROPIC = _Wire(
+    "anthropic", _STREAM_HEADERS, _HEAD, _TAIL, _DELTA_TEMPLATE.__mod__, _DELTA_CHUNK_TEMPLATE.__mod__
+)
+_BEDROCK = _Wire(
+    "bedrock",
+    _BEDROCK_HEADERS,
+    tuple(chunk_frame(_bedrock_event(e)) for e in _HEAD if e != _PING),
+    tuple(chunk_frame(_bedrock_event(e)) for e in _TAIL),
+    _bedrock_delta,
+    _bedrock_delta_chunk,
+)
+
+
 class _Stream:
     """One paced response in flight."""
 
-    __slots__ = ("transport", "left", "interval_ms", "chunked", "protocol")
+    __slots__ = ("transport", "left", "interval_ms", "delta", "protocol")
 
     def __init__(self, protocol, left: int, interval_ms: int):
         self.protocol = protocol
         self.transport = protocol.transport
         self.left = left
         self.interval_ms = interval_ms
-        self.chunked = protocol.chunked
+        wire = protocol.wire
+        self.delta = wire.delta_chunk if protocol.chunked else wire.delta
 
 
 class FakeUpstream:
@@ -147,7 +258,7 @@ class FakeUpstream:
         self._wheel: dict[int, list[_Stream]] = {}
         self._next_ms = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._burst_bodies: dict[tuple[int, bool], bytes] = {}
+        self._burst_bodies: dict[tuple[int, bool, str], bytes] = {}
 
     # -- paced streams ------------------------------------------------------
 
@@ -166,8 +277,6 @@ class FakeUpstream:
     def _tick(self) -> None:
         now_ms = int(time.monotonic() * 1000)
         wheel = self._wheel
-        template = _DELTA_CHUNK_TEMPLATE
-        plain = _DELTA_TEMPLATE
         for ms in range(self._next_ms, now_ms + 1):
             due = wheel.pop(ms, None)
             if not due:
@@ -176,7 +285,7 @@ class FakeUpstream:
                 if stream.transport.is_closing():
                     continue
                 stamp = time.monotonic_ns() // 1000
-                data = (template if stream.chunked else plain) % (stamp,)
+                data = stream.delta(stamp)
                 stream.left -= 1
                 if stream.left == 0:
                     data += stream.protocol.tail()
@@ -193,12 +302,12 @@ class FakeUpstream:
         else:
             self._timer = None
 
-    def burst_body(self, deltas: int, chunked: bool) -> bytes:
-        """The whole body of an unpaced stream, built once per shape."""
-        key = (deltas, chunked)
+    def burst_body(self, deltas: int, chunked: bool, wire: _Wire = _ANTHROPIC) -> bytes:
+        """The whole body of an unpaced stream after its head, built once per shape."""
+        key = (deltas, chunked, wire.name)
         body = self._burst_bodies.get(key)
         if body is None:
-            events = stream_events(deltas)[len(_HEAD) :]
+            events = [wire.delta(0)] * deltas + list(wire.tail)
             frame = _chunk if chunked else (lambda e: e)
             body = b"".join(frame(e) for e in events)
             if chunked:
@@ -217,8 +326,10 @@ class _UpstreamProtocol(asyncio.Protocol):
         self._need = -1  # body bytes still to read, -1 while reading a head
         self._head = b""
         self._body_parts: list[bytes] = []
+        self._path = b""
         self.chunked = True
         self.closing = False
+        self.wire = _ANTHROPIC
         self._busy = False
         self._idle_timer: asyncio.TimerHandle | None = None
 
@@ -265,6 +376,7 @@ class _UpstreamProtocol(asyncio.Protocol):
     def _start_request(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
         request_line = lines[0].split(b" ")
+        self._path = request_line[1] if len(request_line) > 1 else b""
         version = request_line[2] if len(request_line) > 2 else b"HTTP/1.0"
         length = 0
         connection = b""
@@ -286,7 +398,15 @@ class _UpstreamProtocol(asyncio.Protocol):
         body = b"".join(self._body_parts)
         self._body_parts = []
         self._busy = True
-        model = _model_of(body)
+        bedrock = _bedrock_route(self._path)
+        if bedrock is None:
+            self.wire = _ANTHROPIC
+            model = _model_of(body)
+        else:
+            self.wire = _BEDROCK
+            model, streamed = bedrock
+            if not streamed:
+                model = ""
         kind, _, args = model.partition(":")
         try:
             if kind == "paced":
@@ -295,7 +415,7 @@ class _UpstreamProtocol(asyncio.Protocol):
                 self.server.add_paced(_Stream(self, deltas, interval))
             elif kind == "burst":
                 self._stream_start()
-                self.transport.write(self.server.burst_body(int(args), self.chunked))
+                self.transport.write(self.server.burst_body(int(args), self.chunked, self.wire))
                 self.response_done()
             elif kind == "idle":
                 self._stream_start()
@@ -306,12 +426,12 @@ class _UpstreamProtocol(asyncio.Protocol):
             self._json()
 
     def _stream_start(self) -> None:
-        head = b"HTTP/1.1 200 OK\r\n" + _STREAM_HEADERS
+        head = b"HTTP/1.1 200 OK\r\n" + self.wire.headers
         if self.chunked:
             head += b"transfer-encoding: chunked\r\n"
-            first = b"".join(_chunk(e) for e in _HEAD)
+            first = b"".join(_chunk(e) for e in self.wire.head)
         else:
-            first = b"".join(_HEAD)
+            first = b"".join(self.wire.head)
         if self.closing:
             head += b"connection: close\r\n"
         self.transport.write(head + b"\r\n" + first)
@@ -325,8 +445,8 @@ class _UpstreamProtocol(asyncio.Protocol):
     def tail(self) -> bytes:
         """The events after the last delta, with the chunked terminator."""
         if self.chunked:
-            return b"".join(_chunk(e) for e in _TAIL) + b"0\r\n\r\n"
-        return b"".join(_TAIL)
+            return b"".join(_chunk(e) for e in self.wire.tail) + b"0\r\n\r\n"
+        return b"".join(self.wire.tail)
 
     def _json(self) -> None:
         head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nrequest-id: req_bench\r\n"
@@ -345,6 +465,24 @@ class _UpstreamProtocol(asyncio.Protocol):
             self.data_received(b"")
 
 
+_BEDROCK_PREFIX = b"/model/"
+_BEDROCK_STREAM = b"invoke-with-response-stream"
+
+
+def _bedrock_route(path: bytes) -> tuple[str, bool] | None:
+    """
+    For Bedrock's ``/model/{modelId}/{operation}``: the model (``bench:``
+    taken off, as :func:`_model_of` does) and whether the operation streams;
+    ``None`` for any other path.
+    """
+    if not path.startswith(_BEDROCK_PREFIX):
+        return None
+    model_id, _, operation = path[len(_BEDROCK_PREFIX) :].rpartition(b"/")
+    value = unquote(model_id.decode("ascii", "replace"))
+    model = value[len("bench:") :] if value.startswith("bench:") else ""
+    return model, operation == _BEDROCK_STREAM
+
+
 def _model_of(body: bytes) -> str:
     """The ``model`` value of a JSON body, found without parsing it."""
     at = body.find(b'"model"')
@@ -358,12 +496,16 @@ def _model_of(body: bytes) -> str:
     return value[len("bench:") :] if value.startswith("bench:") else ""
 
 
-async def _serve(port: int, port_file: str | None, backlog: int) -> None:
+async def start_server(port: int = 0, backlog: int = 4096) -> asyncio.AbstractServer:
+    """The fake upstream listening on 127.0.0.1 (``port`` 0: any free port) in the running loop."""
     loop = asyncio.get_running_loop()
     server_state = FakeUpstream(loop)
-    server = await loop.create_server(
-        lambda: _UpstreamProtocol(server_state), "127.0.0.1", port, backlog=backlog
-    )
+    return await loop.create_server(lambda: _UpstreamProtocol(server_state), "127.0.0.1", port, backlog=backlog)
+
+
+async def _serve(port: int, port_file: str | None, backlog: int) -> None:
+    server = await start_server(port, backlog)
+    loop = asyncio.get_running_loop()
     bound = server.sockets[0].getsockname()[1]
     if port_file:
         with open(port_file + ".tmp", "w") as f:

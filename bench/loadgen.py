@@ -621,8 +621,11 @@ def summarise(
     }
 
 
-def _expected_bytes(model: str) -> int | None:
-    """The body length of an unpaced stream (``bench:burst:N``), else ``None``."""
+def _expected_bytes(model: str, wire: str = "anthropic") -> int | None:
+    """
+    The body length of an unpaced stream (``bench:burst:N``), else ``None``;
+    through the ``bedrock`` wire, without the ``ping`` Bedrock does not send.
+    """
     parts = model.split(":")
     if len(parts) < 3 or parts[1] != "burst":
         return None
@@ -630,7 +633,7 @@ def _expected_bytes(model: str) -> int | None:
         from fake_upstream import stream_events
     except ImportError:
         from bench.fake_upstream import stream_events
-    return sum(map(len, stream_events(int(parts[2]))))
+    return sum(map(len, stream_events(int(parts[2]), ping=wire != "bedrock")))
 
 
 def _expected_deltas(model: str) -> int | None:
@@ -659,6 +662,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hold-timeout", type=float, default=300.0)
     parser.add_argument("--count-only", action="store_true",
                         help="count body bytes without reading events (throughput: see run_load)")
+    parser.add_argument("--wire", default="anthropic", choices=("anthropic", "bedrock"),
+                        help="the target's wire to the fake upstream: bedrock streams have no ping (--count-only)")
     args = parser.parse_args(argv)
     stream = args.model.split(":")[1:2] in (["paced"], ["burst"], ["idle"])
     if args.body_file:
@@ -687,7 +692,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.hold:
         summary = summarise(result)
     elif args.count_only:
-        summary = summarise(result, expected_bytes=_expected_bytes(args.model))
+        summary = summarise(result, expected_bytes=_expected_bytes(args.model, args.wire))
     else:
         summary = summarise(result, _expected_deltas(args.model))
     print(json.dumps(summary), flush=True)

@@ -25,7 +25,13 @@ The headline, printed first: CPU per paced event (S1), CPU-seconds per MB
 Targets: direct, nginx, plain ``twisted.web.proxy``, aiohttp (a plain asyncio
 proxy on uvloop, from its own virtual environment), the relay, the relay with
 ``--workers 2`` (``relay2``, on request), the relay with a ``--config`` of two
-upstreams and two routes, routing to the first (``relay-routed``, on request), LiteLLM.
+upstreams and two routes, routing to the first (``relay-routed``, on request), the relay with a ``--config`` of
+one upstream on the ``bedrock`` wire (``relay-bedrock``, on request: the fake
+upstream answers Bedrock's InvokeModel routes in event-stream frames, every
+request signed), LiteLLM. With ``relay-bedrock`` beside ``relay``, issue 32's
+goals are judged on the same run: CPU per paced event through the Bedrock wire
+at most 1.3x the Anthropic wire's, and SigV4 signing (measured in process at the
+end, by body size) at most 0.1 ms a request.
 The kernel places the processes; ``--pin`` gives the targets CPU 1 and the
 fake upstream and the load generator CPU 0 (which then saturates first, at
 about 1,000 paced streams).
@@ -39,6 +45,7 @@ Usage, from the work tree's root::
     python bench/run.py --targets direct,nginx,plain,aiohttp,relay,relay2,litellm  # relay2: --workers 2
     python bench/run.py --targets relay,relay-routed --scenarios S1,S2  # a config of two upstreams beside one
     python bench/run.py --targets relay,relay-ledger --scenarios S2,S3  # the usage ledger on, beside off
+    python bench/run.py --targets relay,relay-bedrock --scenarios S1,S2,S3 --s1-search ""  # Bedrock's wire beside Anthropic's
     python bench/run.py --targets relay-ledger --ledger-tree ledger-before=/path/to/tree --scenarios S3
     python bench/run.py --targets direct,relay --relay-tree before=/path/to/tree --scenarios flood
 
@@ -98,6 +105,10 @@ class Settings:
     flood_events: int = 20
     flood_bodies: int = 10
     flood_body_bytes: int = 32_000_000
+    #: Body sizes SigV4 signing is measured at (with a bedrock target): about
+    #: the bench's own request as the Bedrock wire sends it (107 bytes), then
+    #: turns of 10 KB, 200 KB and 2 MB.
+    sigv4_sizes: tuple[int, ...] = (107, 10_000, 200_000, 2_000_000)
     timeout: float = 120.0
 
 
@@ -217,7 +228,7 @@ class Runner:
         if body_file:
             argv += ["--body-file", body_file]
         if count_only:
-            argv.append("--count-only")
+            argv += ["--count-only", "--wire", target.wire]
         meter = _Meter(target, self.upstream)
         bound = (duration or 0) + timeout * max(1, (requests or concurrency) // concurrency) + 60
         done = subprocess.run(
@@ -265,7 +276,7 @@ class Runner:
                 "--write-out", "%{http_code} %{size_download}\\n"]
         for _ in range(requests):
             argv += [url, "--output", os.devnull]
-        expected = _expected_bytes(model)
+        expected = _expected_bytes(model, target.wire)
         meter = _Meter(target, self.upstream)
         done = subprocess.run(argv, capture_output=True, timeout=timeout * rounds + 60,
                               preexec_fn=_targets._preexec(self.load_cpus))
@@ -510,6 +521,67 @@ def flood_rows(results: dict, names: list[str]) -> list[list[str]]:
 FLOOD_PEAK_MIB = 1536
 #: How much longer than its pace a paced stream's gap between two events may grow.
 FLOOD_GAP_ALLOWED_MS = 250
+
+
+#: Issue 32: a paced stream through the Bedrock wire costs at most this many
+#: times the CPU per event of the Anthropic wire, side by side in one run.
+WIRE_CPU_LIMIT = 1.3
+#: Issue 32: what SigV4 signing may add to a request, in microseconds.
+SIGV4_LIMIT_US = 100.0
+
+
+def wire_verdicts(results: dict, bedrock: str = "relay-bedrock", anthropic: str = "relay") -> list[list[str]]:
+    """
+    Issue 32's bench goals: the ``bedrock`` target's CPU per paced event
+    over the ``anthropic`` target's in the same run (per stream beside it:
+    a Bedrock stream has one event fewer, no ``ping``); per MB and per small
+    request, reported; SigV4 signing per request, measured in process in
+    the same run, by body size.
+    """
+    rows = [["goal (issue 32)", "figure", "goal", "met"]]
+
+    def add(name, value, goal, ok):
+        rows.append([name, value, goal, "-" if ok is None else ("met" if ok else "NOT met")])
+
+    paced = (results.get("S1") or {}).get("paced", {})
+    for count in sorted(paced):
+        mine, theirs = paced[count].get(bedrock), paced[count].get(anthropic)
+        ratio = _ratio(cpu_per_event_us(mine), cpu_per_event_us(theirs))
+        if ratio is None:
+            continue
+        per_stream = _ratio(mine["target_cpu_s"] / max(1, mine["ok"]), theirs["target_cpu_s"] / max(1, theirs["ok"]))
+        add("S1 %d: CPU per paced event, %s / %s" % (count, bedrock, anthropic),
+            "%.1f / %.1f us: %.2fx (per stream %.2fx)" % (
+                cpu_per_event_us(mine), cpu_per_event_us(theirs), ratio, per_stream),
+            "<= %gx" % (WIRE_CPU_LIMIT,), ratio <= WIRE_CPU_LIMIT)
+    s2 = results.get("S2") or {}
+    ratio = _ratio(_get(s2, bedrock, "target_cpu_s_per_mb"), _get(s2, anthropic, "target_cpu_s_per_mb"))
+    if ratio is not None:
+        add("S2: CPU-seconds per MB, %s / %s" % (bedrock, anthropic), "%.4f / %.4f: %.2fx" % (
+            _get(s2, bedrock, "target_cpu_s_per_mb"), _get(s2, anthropic, "target_cpu_s_per_mb"), ratio),
+            "reported", None)
+    s3 = results.get("S3") or {}
+    if bedrock in s3 and anthropic in s3:
+        mine, theirs = (s3[n]["target_cpu_s"] / max(1, s3[n]["ok"]) * 1e6 for n in (bedrock, anthropic))
+        add("S3: CPU per small request, %s - %s" % (bedrock, anthropic),
+            "%.0f - %.0f us: %+.0f us" % (mine, theirs, mine - theirs), "reported", None)
+    for size, figures in sorted((results.get("sigv4") or {}).items()):
+        add("SigV4 signing per request, %s body (in process)" % (_size(size),),
+            "%.1f us (signing %.1f, its SHA-256 %.1f; botocore %.1f)" % (
+                figures["authorize"], figures["signer"] - figures["sha256"], figures["sha256"], figures["botocore"]),
+            "<= %g us" % (SIGV4_LIMIT_US,), figures["authorize"] <= SIGV4_LIMIT_US)
+    return rows if len(rows) > 1 else []
+
+
+def _size(size: int) -> str:
+    return "%d-byte" % (size,) if size < 1000 else "%g KB" % (size / 1000) if size < 1_000_000 else "%g MB" % (size / 1e6)
+
+
+def sigv4_costs(sizes: tuple[int, ...]) -> dict:
+    """``bench/bench_sigv4.py``'s figures per body size, in this process (about 2.5 s a size)."""
+    import bench_sigv4
+
+    return {size: bench_sigv4.measure(size) for size in sizes}
 
 
 def flood_verdicts(results: dict, relay: str = "relay") -> list[list[str]]:
@@ -1015,6 +1087,8 @@ def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: d
             made.append(_targets.Relay(workdir, upstream, cpus, name="relay2", workers=2))
         elif name == "relay-ledger":
             made.append(_targets.LedgerRelay(workdir, upstream, cpus))
+        elif name == "relay-bedrock":
+            made.append(_targets.BedrockRelay(workdir, upstream, cpus))
         elif name == "aiohttp":
             if os.path.exists(_AIOHTTP_PYTHON):
                 made.append(_targets.AiohttpProxy(workdir, upstream, cpus, python=_AIOHTTP_PYTHON))
@@ -1091,6 +1165,10 @@ def run_all(settings: Settings, names: list[str], scenarios: list[str], workdir:
                 target.stop()
                 target.start()
             results["flood"] = scenario_flood(runner, live, settings)
+        if any(t.wire == "bedrock" for t in live):
+            # What a request's signature costs, by body size, in the same run.
+            _log("SigV4 signing per request, in process")
+            results["sigv4"] = sigv4_costs(settings.sigv4_sizes)
     finally:
         results["seconds"] = time.monotonic() - began
         for process in reversed(started):
@@ -1164,6 +1242,10 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print("targets for %s:" % (relay,))
         print(format_rows(verdicts(results, relay) + flood_verdicts(results, relay)))
+    rows = wire_verdicts(results)
+    if rows:
+        print()
+        print(format_rows(rows))
     print()
     print(format_rows(_helpers_rows(results, shown)))
     if args.json:

@@ -8,7 +8,8 @@ Targets: ``direct`` (the fake upstream itself), ``nginx`` (Debian's package,
 buffering off), ``plain`` (``twisted.web.proxy``), ``aiohttp`` (a plain
 asyncio proxy, aiohttp on uvloop, from its own virtual environment),
 ``relay`` (``twistd -n relay``, optionally from a patched copy of the
-package) and ``litellm`` (LiteLLM's proxy as an Anthropic pass-through, from
+package; ``relay-routed``, ``relay-ledger`` and ``relay-bedrock`` are
+variants of its settings) and ``litellm`` (LiteLLM's proxy as an Anthropic pass-through, from
 its own virtual environment). Every one binds 127.0.0.1 and is stopped by
 its pid.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -27,6 +29,7 @@ import time
 __all__ = [
     "BENCH_DIR",
     "AiohttpProxy",
+    "BedrockRelay",
     "Direct",
     "FakeUpstreamProcess",
     "LiteLLM",
@@ -224,6 +227,9 @@ class Target(_Process):
 
     path = "/v1/messages"
     description = ""
+    #: The wire the target speaks to the fake upstream: ``bedrock`` streams
+    #: come back to the client without the ``ping`` (Bedrock sends none).
+    wire = "anthropic"
     #: Whether its collector is watched (``bench/gcwatch.py``): a Python process of one.
     watches_gc = False
 
@@ -343,8 +349,11 @@ class Relay(Target):
             "--workers", str(self.workers),
         )
 
-    def _spawn_relay(self, *options: str) -> None:
-        """``twistd -n relay`` from this target's tree, listening on its port, with ``options``."""
+    def _spawn_relay(self, *options: str, env: dict | None = None) -> None:
+        """
+        ``twistd -n relay`` from this target's tree, listening on its port,
+        with ``options`` (and ``env`` added to its environment).
+        """
         if self.watches_gc:
             # twistd, its collector watched (one process: workers have their own).
             argv = [sys.executable, os.path.join(BENCH_DIR, "gcwatch.py"), self.gc_file, "--"]
@@ -369,7 +378,7 @@ class Relay(Target):
             *options,
         ]
         pythonpath = self.tree + os.pathsep + os.environ.get("PYTHONPATH", "")
-        self._spawn(argv, env={"PYTHONPATH": pythonpath}, cwd=self.tree)
+        self._spawn(argv, env={**(env or {}), "PYTHONPATH": pythonpath}, cwd=self.tree)
 
 
 _ROUTED_CONFIG = """\
@@ -405,6 +414,46 @@ class RoutedRelay(Relay):
         with open(path, "w") as f:
             f.write(_ROUTED_CONFIG % {"port": self.upstream.port})
         self._spawn_relay("--config", path)
+
+
+_BEDROCK_CONFIG = """\
+# One upstream on Bedrock's InvokeModel wire (the fake upstream answers its
+# routes), every request signed with SigV4 by keys from the environment.
+[upstreams.bedrock]
+wire = "bedrock"
+url = "http://127.0.0.1:%(port)d"
+region = "us-east-1"
+login = { kind = "aws", access-key-id = "env:BENCH_AWS_ACCESS_KEY_ID", secret-access-key = "env:BENCH_AWS_SECRET_ACCESS_KEY" }
+
+[[routes]]
+targets = [{ upstream = "bedrock" }]
+"""
+
+
+class BedrockRelay(Relay):
+    """
+    The relay with ``--config`` of one upstream on the ``bedrock`` wire: the
+    fake upstream's InvokeModel routes, each request signed (SigV4, an
+    ``aws`` login with keys made up for the run, from environment variables
+    set for the relay's process only), each stream's event-stream frames
+    turned back into Anthropic's SSE. Beside ``relay``, what the Bedrock
+    wire costs per event, per MB and per request.
+    """
+
+    name = "relay-bedrock"
+    wire = "bedrock"
+    description = "twistd -n relay --config (1 upstream, wire bedrock, aws login) --no-dumps --ping-interval 0"
+
+    def _launch(self) -> None:
+        path = os.path.join(self.workdir, self.name + ".toml")
+        with open(path, "w") as f:
+            f.write(_BEDROCK_CONFIG % {"port": self.upstream.port})
+        keys = {
+            # Made up per run: the fake upstream does not check signatures.
+            "BENCH_AWS_ACCESS_KEY_ID": "AKIA" + secrets.token_hex(8).upper(),
+            "BENCH_AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30),
+        }
+        self._spawn_relay("--config", path, env=keys)
 
 
 class LedgerRelay(Relay):

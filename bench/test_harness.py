@@ -8,11 +8,21 @@ of CI: the benchmark is not a test).
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
 from functools import partial
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from bench.fake_upstream import DELTA_TEXT_BYTES, STAMP_MARKER, _model_of, delta_event, stream_events
+from bench.fake_upstream import (
+    DELTA_TEXT_BYTES,
+    STAMP_MARKER,
+    _model_of,
+    delta_event,
+    start_server,
+    stream_events,
+)
 from bench.loadgen import HTTPResponseReader, percentile
 
 
@@ -99,6 +109,132 @@ class FakeUpstreamTests(SynchronousTestCase):
 
         self.assertEqual(_expected_bytes("bench:burst:7"), len(b"".join(stream_events(7))))
         self.assertIsNone(_expected_bytes("bench:paced:7:20"))
+
+
+def _exchange(path: str, body: bytes, seconds: float = 10.0) -> tuple[int, bytes, bytes]:
+    """
+    One request to the fake upstream, served on 127.0.0.1 in a loop of its
+    own: the status, the lower-cased head and the decoded body.
+    """
+
+    async def exchange() -> tuple[int, bytes, bytes]:
+        server = await start_server()
+        try:
+            port = server.sockets[0].getsockname()[1]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n%s"
+                         % (path.encode("ascii"), len(body), body))
+            heads, parts, done = [], [], []
+            response = HTTPResponseReader(parts.append, lambda status, head: heads.append((status, head)),
+                                          partial(done.append, True))
+            while not done:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                response.feed(data)
+            writer.close()
+            return heads[0][0], heads[0][1], b"".join(parts)
+        finally:
+            server.close()
+
+    return asyncio.run(asyncio.wait_for(exchange(), seconds))
+
+
+def _sse_events(body: bytes) -> list[tuple[str, dict]]:
+    """An SSE body's events: (name, data parsed)."""
+    events = []
+    for block in body.split(b"\n\n")[:-1]:
+        name, data = block.split(b"\n", 1)
+        events.append((name[len(b"event: "):].decode(), json.loads(data[len(b"data: "):])))
+    return events
+
+
+class BedrockStreamTests(SynchronousTestCase):
+    """
+    The fake upstream's Bedrock routes: the model from the path, the same
+    streams as Amazon's event stream, which the relay's reading turns back
+    into the SSE the load generator reads.
+    """
+
+    def bedrock(self, model: str) -> tuple[int, bytes, bytes]:
+        # The Bedrock wire sends no model nor stream in the body.
+        return _exchange("/model/%s/invoke-with-response-stream" % (model,),
+                         b'{"anthropic_version":"bedrock-2023-05-31","max_tokens":1024,"messages":[]}')
+
+    def test_frames_carry_the_sse_events(self):
+        """
+        Decoded by botocore, the paced and burst streams are one ``chunk``
+        frame per event of the SSE stream of the same model but its
+        ``ping`` (Bedrock sends none): the same JSON, base64 in ``bytes``,
+        beside a padding ``p``; ``message_stop`` with the invocation metrics
+        Bedrock adds. The paced deltas are stamped with their send time.
+        """
+        from botocore.eventstream import EventStreamBuffer
+
+        for model, deltas in (("bench:paced:3:1", 3), ("bench:burst:5", 5)):
+            status, head, body = self.bedrock(model)
+            self.assertEqual(status, 200)
+            self.assertIn(b"content-type: application/vnd.amazon.eventstream", head)
+            frames = EventStreamBuffer()
+            frames.add_data(body)
+            events = []
+            for message in frames:
+                self.assertEqual((message.headers[":message-type"], message.headers[":event-type"]), ("event", "chunk"))
+                payload = json.loads(message.payload)
+                self.assertEqual(sorted(payload), ["bytes", "p"])
+                events.append(json.loads(base64.b64decode(payload["bytes"])))
+            metrics = events[-1].pop("amazon-bedrock-invocationMetrics")
+            self.assertEqual((metrics["inputTokenCount"], metrics["outputTokenCount"]), (25, 15))
+            expected = [data for name, data in _sse_events(b"".join(stream_events(deltas))) if name != "ping"]
+            stamps = [e["delta"].pop("text")[:18] for e in events if e["type"] == "content_block_delta"]
+            for e in expected:
+                if e["type"] == "content_block_delta":
+                    e["delta"].pop("text")
+            self.assertEqual(events, expected, model)
+            self.assertEqual(len(stamps), deltas)
+            if model.startswith("bench:paced"):
+                self.assertTrue(all(stamp.startswith("~T") and int(stamp[2:]) > 0 for stamp in stamps), stamps)
+
+    def test_read_back_as_sse(self):
+        """
+        Read by the relay's Bedrock wire (``BedrockToSSE``), a burst stream
+        is the SSE body the Anthropic route sends, byte for byte, but the
+        ``ping`` (what the load generator's byte count expects through the
+        Bedrock wire); a paced stream's stamps are where the load generator
+        finds them.
+        """
+        from twisted_relay.wires.eventstream import BedrockToSSE
+
+        from bench.loadgen import _expected_bytes
+
+        status, _, body = self.bedrock("bench:burst:7")
+        wire = BedrockToSSE()
+        sse = wire.feed(body) + wire.end()
+        self.assertEqual(status, 200)
+        self.assertEqual(sse, b"".join(stream_events(7, ping=False)))
+        self.assertEqual(len(sse), _expected_bytes("bench:burst:7", "bedrock"))
+        status, _, body = self.bedrock("bench:paced:4:1")
+        wire = BedrockToSSE()
+        sse = wire.feed(body) + wire.end()
+        at = [i for i in range(len(sse)) if sse.startswith(STAMP_MARKER, i)]
+        self.assertEqual(len(at), 4)
+        self.assertTrue(all(int(sse[i + 2 : i + 18]) > 0 for i in at))
+
+    def test_model_from_path(self):
+        """
+        The model is the path's (percent-encoded or not); ``/invoke`` and
+        any other operation answer the small JSON message; the Anthropic
+        route is unchanged.
+        """
+        from twisted_relay.wires.eventstream import FrameDecoder
+
+        status, head, body = _exchange("/model/bench%3Aburst%3A2/invoke-with-response-stream", b"{}")
+        # message_start, content_block_start, 2 deltas, content_block_stop, message_delta, message_stop
+        self.assertEqual((status, len(FrameDecoder().feed(body))), (200, 7))
+        status, head, body = _exchange("/model/bench:burst:2/invoke", b"{}")
+        self.assertEqual((status, json.loads(body)["type"]), (200, "message"))
+        status, head, body = _exchange("/v1/messages", b'{"model":"bench:burst:2","stream":true}')
+        self.assertEqual((status, body), (200, b"".join(stream_events(2))))
 
 
 class BulkChunkTests(SynchronousTestCase):
