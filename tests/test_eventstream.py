@@ -414,6 +414,16 @@ class BedrockToSSETests(SynchronousTestCase):
         out = BedrockToSSE().feed(chunk(raw) + chunk(b'{"index":0,"type":"content_block_stop"}'))
         self.assertEqual(out, sse(b'{"index":0,"type":"content_block_stop"}') * 2)
 
+    def test_line_ends_after_the_type_are_written_again(self):
+        """
+        An event that names its type first (the way read without parsing)
+        and holds a raw line end further on, LF or CR alone, still makes one
+        SSE event: a line end in ``data:`` would end the event early.
+        """
+        for raw in (b'{"type":"content_block_stop",\n"index":0}', b'{"type":"content_block_stop",\r"index":0}'):
+            out = BedrockToSSE().feed(chunk(raw))
+            self.assertEqual(out, sse(b'{"type":"content_block_stop","index":0}'), raw)
+
     def test_other_event_types_are_skipped(self):
         other = frame({":event-type": "initial-response", ":message-type": "event"}, b"{}")
         self.assertEqual(BedrockToSSE().feed(other + chunk(START)), sse(START))

@@ -221,10 +221,11 @@ class FrameDecoder:
                     )
                 start = position + _PRELUDE_BYTES
                 headers_end = start + headers_length
-                if headers_length == len(last_header_bytes) and buf.startswith(last_header_bytes, start):
+                header_bytes = buf[start:headers_end]
+                if header_bytes == last_header_bytes:
                     headers = self._last_headers
                 elif headers_length:
-                    last_header_bytes = bytes(buf[start:headers_end])
+                    last_header_bytes = bytes(header_bytes)
                     headers = self._read_headers(last_header_bytes)
                     self._last_header_bytes, self._last_headers = last_header_bytes, headers
                 else:
@@ -397,11 +398,10 @@ _METRICS_MARK = b'"amazon-bedrock-invocationMetrics"'
 _MESSAGE_START = b"message_start"
 _MESSAGE_DELTA = b"message_delta"
 _MESSAGE_STOP = b"message_stop"
-# An Anthropic event's JSON names its type first, as Bedrock sends it; read
-# without parsing the rest. Anything else is parsed.
-_TYPE_FIRST = b'{"type":"'
+# An Anthropic event's JSON names its type first, as Bedrock sends it: the
+# name is read without parsing the rest. Anything else is parsed.
+_TYPE_FIRST = re.compile(rb'\{"type":"([A-Za-z0-9_]+)"')
 _EVENT_NAME = re.compile(r"[A-Za-z0-9_]+")
-_NAME_BYTES = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
 _CHUNK_BYTES_FIRST = re.compile(rb'\{\s*"bytes"\s*:\s*"')
 # A malformed stream's error, and the longest text of an exception's payload
 # that is not JSON kept in the message.
@@ -509,9 +509,13 @@ class BedrockToSSE:
     def _chunk(self, payload: bytes, out: list[bytes]) -> None:
         raw = _event_json(payload)
         event = None
-        close = raw.find(b'"', 9) if raw.startswith(_TYPE_FIRST) else -1
-        name = raw[9:close] if close > 9 else b""
-        if not name or name.translate(None, _NAME_BYTES) or b"\n" in raw or b"\r" in raw:
+        typed = _TYPE_FIRST.match(raw)
+        # A line end (allowed between JSON's tokens) would end the SSE event
+        # early: such an event is written again. (find, not `in`: on Python
+        # 3.11 a bytes `in` costs an exception.)
+        if typed is not None and raw.find(b"\n") < 0 and raw.find(b"\r") < 0:
+            name = typed[1]
+        else:
             event = _parse_event(raw)
             name = event["type"].encode("utf-8")
             raw = to_json(event)
@@ -533,7 +537,7 @@ class BedrockToSSE:
             message = event.get("message")
             if isinstance(message, dict):
                 self._note_reported(message.get("usage"))
-        out.append(b"event: " + name + b"\ndata: " + raw + b"\n\n")
+        out += (b"event: ", name, b"\ndata: ", raw, b"\n\n")
 
     def _note_reported(self, usage: Any) -> None:
         if isinstance(usage, dict):
