@@ -46,6 +46,7 @@ Usage, from the work tree's root::
     python bench/run.py --targets relay,relay-routed --scenarios S1,S2  # a config of two upstreams beside one
     python bench/run.py --targets relay,relay-ledger --scenarios S2,S3  # the usage ledger on, beside off
     python bench/run.py --targets relay,relay-bedrock --scenarios S1,S2,S3 --s1-search ""  # Bedrock's wire beside Anthropic's
+    python bench/run.py --targets relay,relay-bedrock --bedrock-tree bedrock-before=/path/to/tree --scenarios S1
     python bench/run.py --targets relay-ledger --ledger-tree ledger-before=/path/to/tree --scenarios S3
     python bench/run.py --targets direct,relay --relay-tree before=/path/to/tree --scenarios flood
 
@@ -530,13 +531,14 @@ WIRE_CPU_LIMIT = 1.3
 SIGV4_LIMIT_US = 100.0
 
 
-def wire_verdicts(results: dict, bedrock: str = "relay-bedrock", anthropic: str = "relay") -> list[list[str]]:
+def wire_verdicts(results: dict, bedrock: str = "relay-bedrock", anthropic: str = "relay",
+                  signing: bool = True) -> list[list[str]]:
     """
     Issue 32's bench goals: the ``bedrock`` target's CPU per paced event
     over the ``anthropic`` target's in the same run (per stream beside it:
     a Bedrock stream has one event fewer, no ``ping``); per MB and per small
-    request, reported; SigV4 signing per request, measured in process in
-    the same run, by body size.
+    request, reported; with ``signing``, SigV4 signing per request,
+    measured in process in the same run, by body size.
     """
     rows = [["goal (issue 32)", "figure", "goal", "met"]]
 
@@ -565,7 +567,7 @@ def wire_verdicts(results: dict, bedrock: str = "relay-bedrock", anthropic: str 
         mine, theirs = (s3[n]["target_cpu_s"] / max(1, s3[n]["ok"]) * 1e6 for n in (bedrock, anthropic))
         add("S3: CPU per small request, %s - %s" % (bedrock, anthropic),
             "%.0f - %.0f us: %+.0f us" % (mine, theirs, mine - theirs), "reported", None)
-    for size, figures in sorted((results.get("sigv4") or {}).items()):
+    for size, figures in sorted((results.get("sigv4") or {}).items() if signing else ()):
         add("SigV4 signing per request, %s body (in process)" % (_size(size),),
             "%.1f us (signing %.1f, its SHA-256 %.1f; botocore %.1f)" % (
                 figures["authorize"], figures["signer"] - figures["sha256"], figures["sha256"], figures["botocore"]),
@@ -1066,7 +1068,7 @@ def _machine() -> dict:
 
 
 def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: dict, profile: bool,
-                  ledger_trees: dict) -> list:
+                  ledger_trees: dict, bedrock_trees: dict | None = None) -> list:
     made = []
     for name in names:
         if name == "direct":
@@ -1105,12 +1107,14 @@ def _make_targets(names: list[str], workdir: str, upstream, cpus, relay_trees: d
         made.append(_targets.Relay(workdir, upstream, cpus, tree=tree, name=name))
     for name, tree in ledger_trees.items():
         made.append(_targets.LedgerRelay(workdir, upstream, cpus, tree=tree, name=name))
+    for name, tree in (bedrock_trees or {}).items():
+        made.append(_targets.BedrockRelay(workdir, upstream, cpus, tree=tree, name=name))
     return made
 
 
 def run_all(settings: Settings, names: list[str], scenarios: list[str], workdir: str, *,
             pin: bool = False, relay_trees: dict | None = None, profile: bool = False,
-            ledger_trees: dict | None = None) -> dict:
+            ledger_trees: dict | None = None, bedrock_trees: dict | None = None) -> dict:
     """Start everything, run the scenarios, stop everything; return the results."""
     pin = pin and (os.cpu_count() or 1) >= 2
     target_cpus = {1} if pin else None
@@ -1120,7 +1124,8 @@ def run_all(settings: Settings, names: list[str], scenarios: list[str], workdir:
     atexit.register(lambda: [p.stop() for p in reversed(started)])
     upstream.start()
     started.append(upstream)
-    targets = _make_targets(names, workdir, upstream, target_cpus, relay_trees or {}, profile, ledger_trees or {})
+    targets = _make_targets(names, workdir, upstream, target_cpus, relay_trees or {}, profile, ledger_trees or {},
+                            bedrock_trees)
     live = []
     for target in targets:
         _log("starting %s" % (target.name,))
@@ -1187,6 +1192,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="also run the relay from the twisted_relay copy under PATH, as NAME")
     parser.add_argument("--ledger-tree", action="append", default=[], metavar="NAME=PATH",
                         help="the same, with the usage ledger on (as the relay-ledger target)")
+    parser.add_argument("--bedrock-tree", action="append", default=[], metavar="NAME=PATH",
+                        help="the same, on the bedrock wire (as the relay-bedrock target)")
     parser.add_argument("--pin", action="store_true",
                         help="pin targets to CPU 1, the upstream and load generator to CPU 0")
     parser.add_argument("--profile", action="store_true", help="run the relay under cProfile (relay.prof in the work folder)")
@@ -1209,12 +1216,14 @@ def main(argv: list[str] | None = None) -> None:
         names.insert(0, "direct")
     trees = dict(item.split("=", 1) for item in args.relay_tree)
     ledger_trees = dict(item.split("=", 1) for item in args.ledger_tree)
+    bedrock_trees = dict(item.split("=", 1) for item in args.bedrock_tree)
     workdir = args.workdir or tempfile.mkdtemp(prefix="relay-bench-")
     os.makedirs(workdir, exist_ok=True)
     _log("work folder: %s" % (workdir,))
     results = run_all(settings, names, args.scenarios.split(","), workdir,
-                      pin=args.pin, relay_trees=trees, profile=args.profile, ledger_trees=ledger_trees)
-    shown = [n for n in names + list(trees) + list(ledger_trees) if n in results["targets"]]
+                      pin=args.pin, relay_trees=trees, profile=args.profile, ledger_trees=ledger_trees,
+                      bedrock_trees=bedrock_trees)
+    shown = [n for n in names + list(trees) + list(ledger_trees) + list(bedrock_trees) if n in results["targets"]]
     machine = results["machine"]
     print("machine: %d cores (%s), %s GiB, Python %s, Twisted %s, %s; load average at start %s; %s"
           % (machine["nproc"], machine["cpu"], machine["mem_gib"], machine["python"], machine["twisted"],
@@ -1242,10 +1251,11 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print("targets for %s:" % (relay,))
         print(format_rows(verdicts(results, relay) + flood_verdicts(results, relay)))
-    rows = wire_verdicts(results)
-    if rows:
-        print()
-        print(format_rows(rows))
+    for bedrock in [n for n in shown if n == "relay-bedrock" or n in bedrock_trees]:
+        rows = wire_verdicts(results, bedrock, signing=bedrock == "relay-bedrock")
+        if rows:
+            print()
+            print(format_rows(rows))
     print()
     print(format_rows(_helpers_rows(results, shown)))
     if args.json:

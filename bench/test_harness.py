@@ -349,3 +349,39 @@ class HeadlineTests(SynchronousTestCase):
         alone = self.results(0.30, 0.30)
         del alone["S1"]["paced"][200]["before"]
         self.assertEqual(met(alone)["S1 200: added median per event, vs before"], "-")
+
+
+class WireVerdictTests(SynchronousTestCase):
+    """Issue 32's goals, judged on the relay-bedrock and relay targets of one run."""
+
+    def results(self, bedrock_cpu: float) -> dict:
+        def paced(cpu: float, events: int) -> dict:
+            return {"target_cpu_s": cpu, "events": events, "ok": 400, "errors": 0, "requests": 400}
+
+        return {
+            "S1": {"paced": {200: {"relay": paced(1.0, 22_400), "relay-bedrock": paced(bedrock_cpu, 22_000)}}},
+            "sigv4": {107: {"sha256": 0.3, "signer": 19.0, "authorize": 22.0, "botocore": 99.0},
+                      200_000: {"sha256": 98.0, "signer": 118.0, "authorize": 123.0, "botocore": 199.0}},
+        }
+
+    def test_cpu_per_event_ratio(self):
+        """
+        The ratio is of CPU per event delivered (a Bedrock stream has no
+        ping: fewer events), 1.3x at most; per stream shown beside it.
+        """
+        from bench.run import wire_verdicts
+
+        rows = {row[0]: row[1:] for row in wire_verdicts(self.results(1.27))}
+        figure, goal, met = rows["S1 200: CPU per paced event, relay-bedrock / relay"]
+        self.assertEqual((figure, goal, met), ("57.7 / 44.6 us: 1.29x (per stream 1.27x)", "<= 1.3x", "met"))
+        rows = {row[0]: row[1:] for row in wire_verdicts(self.results(1.29))}
+        self.assertEqual(rows["S1 200: CPU per paced event, relay-bedrock / relay"][2], "NOT met")
+
+    def test_signing_by_body_size(self):
+        """SigV4 per request against 0.1 ms, at each body size measured; left out on request."""
+        from bench.run import wire_verdicts
+
+        rows = {row[0]: row[1:] for row in wire_verdicts(self.results(1.0))}
+        self.assertEqual(rows["SigV4 signing per request, 107-byte body (in process)"][2], "met")
+        self.assertEqual(rows["SigV4 signing per request, 200 KB body (in process)"][2], "NOT met")
+        self.assertFalse([row for row in wire_verdicts(self.results(1.0), signing=False) if "SigV4" in row[0]])
