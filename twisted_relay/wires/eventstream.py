@@ -402,7 +402,8 @@ _MESSAGE_STOP = b"message_stop"
 # name is read without parsing the rest. Anything else is parsed.
 _TYPE_FIRST = re.compile(rb'\{"type":"([A-Za-z0-9_]+)"')
 _EVENT_NAME = re.compile(r"[A-Za-z0-9_]+")
-_CHUNK_BYTES_FIRST = re.compile(rb'\{\s*"bytes"\s*:\s*"')
+# How Bedrock begins a chunk's payload: its base64 read without parsing.
+_CHUNK_FIRST = b'{"bytes":"'
 # A malformed stream's error, and the longest text of an exception's payload
 # that is not JSON kept in the message.
 _MALFORMED = "The upstream's event stream was malformed: %s"
@@ -599,13 +600,11 @@ class BedrockToSSE:
 def _event_json(payload: bytes) -> bytes:
     """The Anthropic event a chunk's payload carries, as its JSON bytes."""
     encoded: Any = None
-    first = _CHUNK_BYTES_FIRST.match(payload)
-    if first is not None:
+    if payload[:10] == _CHUNK_FIRST:
         # Bedrock writes "bytes" first; base64 holds no quote nor backslash.
-        opened = first.end()
-        close = payload.find(b'"', opened)
-        if close > 0 and payload.find(b"\\", opened, close) < 0:
-            encoded = payload[opened:close]
+        close = payload.find(b'"', 10)
+        if close > 0 and payload.find(b"\\", 10, close) < 0:
+            encoded = payload[10:close]
     if encoded is None:
         try:
             chunk = ujson.loads(payload)
