@@ -326,20 +326,25 @@ class Relay(Target):
 
     :param tree: a folder holding a (patched) copy of ``twisted_relay`` to run
         instead of the work tree's; ``None`` for the work tree.
+    :param launcher: a command line that runs the relay's Python (e.g.
+        ``valgrind --tool=callgrind``; its collector is then not watched).
     """
 
     name = "relay"
     description = "twistd -n relay --no-dumps --ping-interval 0"
 
     def __init__(self, workdir, upstream, cpus=None, *, tree: str | None = None, name: str | None = None,
-                 profile: str | None = None, workers: int = 1):
+                 profile: str | None = None, workers: int = 1, launcher: list[str] | None = None):
         super().__init__(workdir, upstream, cpus)
         self.tree = tree or REPO_ROOT
         if name:
             self.name = name
         self.profile = profile
         self.workers = workers
-        self.watches_gc = workers == 1
+        self.launcher = launcher
+        self.watches_gc = workers == 1 and not launcher
+        if launcher:
+            self._startup_seconds = 300.0
         if workers > 1:
             self.description = "%s --workers %d" % (Relay.description, workers)
 
@@ -354,12 +359,15 @@ class Relay(Target):
         ``twistd -n relay`` from this target's tree, listening on its port,
         with ``options`` (and ``env`` added to its environment).
         """
-        if self.watches_gc:
+        twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+        twistd = twistd if os.path.exists(twistd) else shutil.which("twistd") or "twistd"
+        if self.launcher:
+            argv = [*self.launcher, sys.executable, twistd]
+        elif self.watches_gc:
             # twistd, its collector watched (one process: workers have their own).
             argv = [sys.executable, os.path.join(BENCH_DIR, "gcwatch.py"), self.gc_file, "--"]
         else:
-            twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-            argv = [twistd if os.path.exists(twistd) else shutil.which("twistd") or "twistd"]
+            argv = [twistd]
         argv += [
             "-n",
             "-l", os.path.join(self.workdir, self.name + "-twistd.log"),
