@@ -31,9 +31,19 @@ event, its JSON ``{"bytes": base64 of the event, "p": padding}``, no
 ``/model/{id}/invoke`` (and any other operation) answers the small JSON
 message. Signatures are not checked: the relay still signs every request.
 
+OpenAI's Responses route answers too (``POST /v1/responses``, the model
+from the body as above; the relay's ``openai-responses`` wire sends the
+client's model when its upstream maps none): the same streams as Responses
+stream events (``event: <type>`` and its JSON: ``response.created``, the
+message item and its text part added, one ``response.output_text.delta``
+per delta, the same stamped 60-byte text, then the text, part and item
+done and ``response.completed`` with the usage); a request that is not a
+stream (``bench:json``) answers the small message as a Responses object.
+Keys are not checked.
+
 Paced streams share one timer: a wheel of 1 ms slots, so that the cost per
 event is one ``%`` format and one ``write`` (and on Bedrock's route, one
-frame: a base64 and two CRC32s). Run it as::
+frame: a base64 and two CRC32s; on the Responses route, the same as SSE). Run it as::
 
     python bench/fake_upstream.py --port 0 --port-file PATH
 
@@ -58,9 +68,11 @@ __all__ = [
     "DELTA_TEXT_BYTES",
     "STAMP_MARKER",
     "FakeUpstream",
+    "RESPONSES_TEXT",
     "chunk_frame",
     "delta_event",
     "main",
+    "responses_events",
     "start_server",
     "stream_events",
 ]
@@ -202,17 +214,19 @@ def _now_us() -> int:
 class _Wire:
     """
     How one upstream wire writes a stream: its response headers, the events
-    before the deltas and after them (each one piece to write), and a
-    stamped delta (alone, or framed as one HTTP chunk).
+    before the deltas and after them (each one piece to write; after them,
+    made from the deltas' stamps where the wire repeats the whole text, as
+    Responses' ``.done`` events do), and a stamped delta (alone, or framed as
+    one HTTP chunk).
     """
 
-    __slots__ = ("name", "headers", "head", "tail", "delta", "delta_chunk")
+    __slots__ = ("name", "headers", "head", "tail_of", "delta", "delta_chunk")
 
-    def __init__(self, name: str, headers: bytes, head: tuple, tail: tuple, delta, delta_chunk):
+    def __init__(self, name: str, headers: bytes, head: tuple, tail, delta, delta_chunk):
         self.name = name
         self.headers = headers
         self.head = head
-        self.tail = tail
+        self.tail_of = tail if callable(tail) else (lambda stamps: tail)
         self.delta = delta
         self.delta_chunk = delta_chunk
 
@@ -230,16 +244,112 @@ _BEDROCK = _Wire(
 )
 
 
+# -- OpenAI's Responses stream: the same text, as Responses events -----------------
+
+_RESPONSES_HEADERS = (
+    b"content-type: text/event-stream; charset=utf-8\r\n"
+    b"x-request-id: req_bench\r\n"
+    b"openai-processing-ms: 120\r\n"
+)
+_RESPONSE_ID = b"resp_0bench68d1f0a2c4e8b0aa0000000000000000"
+_ITEM_ID = b"msg_0bench68d1f0a2c4e8b0aa0000000000000001"
+_TEXT_PART = b'{"type":"output_text","annotations":[],"logprobs":[],"text":"%s"}'
+_USAGE = (
+    b'"usage":{"input_tokens":25,"input_tokens_details":{"cached_tokens":0},"output_tokens":15,'
+    b'"output_tokens_details":{"reasoning_tokens":0},"total_tokens":40}'
+)
+
+
+def _responses_event(sequence: int, kind: bytes, fields: bytes) -> bytes:
+    return b'event: %s\ndata: {"type":"%s","sequence_number":%d,%s}\n\n' % (kind, kind, sequence, fields)
+
+
+def _response(status: bytes, output: bytes, usage: bytes) -> bytes:
+    return (b'"response":{"id":"%s","object":"response","created_at":1764892800,"status":"%s",'
+            b'"model":"gpt-5.5","output":[%s],"parallel_tool_calls":true,"store":false,%s}'
+            % (_RESPONSE_ID, status, output, usage))
+
+
+def _message_item(status: bytes, content: bytes) -> bytes:
+    return b'{"id":"%s","type":"message","status":"%s","role":"assistant","content":[%s]}' % (
+        _ITEM_ID, status, content)
+
+
+#: The text of the whole answer a ``bench:json`` request gets on the Responses route.
+RESPONSES_TEXT = b"Hello! How can I help you today?"
+
+_RESPONSES_HEAD = (
+    _responses_event(0, b"response.created", _response(b"in_progress", b"", b'"usage":null')),
+    _responses_event(1, b"response.output_item.added",
+                     b'"output_index":0,"item":%s' % (_message_item(b"in_progress", b""),)),
+    _responses_event(2, b"response.content_part.added",
+                     b'"item_id":"%s","output_index":0,"content_index":0,"part":%s'
+                     % (_ITEM_ID, _TEXT_PART % (b"",))),
+)
+_DELTA_TEXT_TEMPLATE = _DELTA_JSON_TEMPLATE.split(b'"text":"', 1)[1].split(b'"', 1)[0]
+# Each delta's sequence number is its own in a real stream; one number serves
+# here (the relay does not read it), so that a delta is one ``%`` format.
+_RESPONSES_DELTA_TEMPLATE = _responses_event(
+    3, b"response.output_text.delta",
+    b'"item_id":"%s","output_index":0,"content_index":0,"delta":"' % (_ITEM_ID,)
+    + _DELTA_TEXT_TEMPLATE
+    + b'","logprobs":[]',
+)
+_RESPONSES_DELTA_CHUNK_TEMPLATE = (
+    b"%x\r\n" % (len(_RESPONSES_DELTA_TEMPLATE % (0,)),) + _RESPONSES_DELTA_TEMPLATE + b"\r\n"
+)
+
+
+def _responses_tail(text: bytes) -> tuple:
+    """The events after the deltas; ``text`` the whole text, which ``.done`` events repeat."""
+    part = _TEXT_PART % (text,)
+    item = _message_item(b"completed", part)
+    return (
+        _responses_event(4, b"response.output_text.done",
+                         b'"item_id":"%s","output_index":0,"content_index":0,"text":"%s","logprobs":[]'
+                         % (_ITEM_ID, text)),
+        _responses_event(5, b"response.content_part.done",
+                         b'"item_id":"%s","output_index":0,"content_index":0,"part":%s' % (_ITEM_ID, part)),
+        _responses_event(6, b"response.output_item.done", b'"output_index":0,"item":%s' % (item,)),
+        _responses_event(7, b"response.completed", _response(b"completed", item, _USAGE)),
+    )
+
+
+def _responses_tail_of(stamps: list[int]) -> tuple:
+    """The events after the deltas stamped ``stamps``: the ``.done`` events repeat their whole text."""
+    return _responses_tail(b"".join(_DELTA_TEXT_TEMPLATE % (stamp,) for stamp in stamps))
+
+
+_RESPONSES_JSON_ANSWER = _response(b"completed", _message_item(b"completed", _TEXT_PART % (RESPONSES_TEXT,)),
+                                   _USAGE)[len(b'"response":'):]
+
+
+def responses_events(deltas: int) -> list[bytes]:
+    """Every event of the Responses stream of ``deltas`` deltas (stamped 0)."""
+    return list(_RESPONSES_HEAD) + [_RESPONSES_DELTA_TEMPLATE % (0,)] * deltas + list(_responses_tail_of([0] * deltas))
+
+
+_RESPONSES = _Wire(
+    "responses",
+    _RESPONSES_HEADERS,
+    _RESPONSES_HEAD,
+    _responses_tail_of,
+    _RESPONSES_DELTA_TEMPLATE.__mod__,
+    _RESPONSES_DELTA_CHUNK_TEMPLATE.__mod__,
+)
+
+
 class _Stream:
     """One paced response in flight."""
 
-    __slots__ = ("transport", "left", "interval_ms", "delta", "protocol")
+    __slots__ = ("transport", "left", "interval_ms", "delta", "protocol", "stamps")
 
     def __init__(self, protocol, left: int, interval_ms: int):
         self.protocol = protocol
         self.transport = protocol.transport
         self.left = left
         self.interval_ms = interval_ms
+        self.stamps: list[int] = []
         wire = protocol.wire
         self.delta = wire.delta_chunk if protocol.chunked else wire.delta
 
@@ -286,9 +396,10 @@ class FakeUpstream:
                     continue
                 stamp = time.monotonic_ns() // 1000
                 data = stream.delta(stamp)
+                stream.stamps.append(stamp)
                 stream.left -= 1
                 if stream.left == 0:
-                    data += stream.protocol.tail()
+                    data += stream.protocol.tail(stream.stamps)
                     stream.transport.write(data)
                     stream.protocol.response_done()
                 else:
@@ -307,7 +418,7 @@ class FakeUpstream:
         key = (deltas, chunked, wire.name)
         body = self._burst_bodies.get(key)
         if body is None:
-            events = [wire.delta(0)] * deltas + list(wire.tail)
+            events = [wire.delta(0)] * deltas + list(wire.tail_of([0] * deltas))
             frame = _chunk if chunked else (lambda e: e)
             body = b"".join(frame(e) for e in events)
             if chunked:
@@ -400,7 +511,7 @@ class _UpstreamProtocol(asyncio.Protocol):
         self._busy = True
         bedrock = _bedrock_route(self._path)
         if bedrock is None:
-            self.wire = _ANTHROPIC
+            self.wire = _RESPONSES if self._path.endswith(_RESPONSES_PATH) else _ANTHROPIC
             model = _model_of(body)
         else:
             self.wire = _BEDROCK
@@ -439,21 +550,23 @@ class _UpstreamProtocol(asyncio.Protocol):
     def _idle_end(self) -> None:
         self._idle_timer = None
         if not self.transport.is_closing():
-            self.transport.write(self.tail())
+            self.transport.write(self.tail([]))
             self.response_done()
 
-    def tail(self) -> bytes:
-        """The events after the last delta, with the chunked terminator."""
+    def tail(self, stamps: list[int]) -> bytes:
+        """The events after the last delta (the deltas stamped ``stamps``), with the chunked terminator."""
+        events = self.wire.tail_of(stamps)
         if self.chunked:
-            return b"".join(_chunk(e) for e in self.wire.tail) + b"0\r\n\r\n"
-        return b"".join(self.wire.tail)
+            return b"".join(_chunk(e) for e in events) + b"0\r\n\r\n"
+        return b"".join(events)
 
     def _json(self) -> None:
         head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nrequest-id: req_bench\r\n"
         if self.closing:
             head += b"connection: close\r\n"
-        head += b"content-length: %d\r\n\r\n" % (len(_JSON_ANSWER),)
-        self.transport.write(head + _JSON_ANSWER)
+        answer = _RESPONSES_JSON_ANSWER if self.wire is _RESPONSES else _JSON_ANSWER
+        head += b"content-length: %d\r\n\r\n" % (len(answer),)
+        self.transport.write(head + answer)
         self.response_done()
 
     def response_done(self) -> None:
@@ -465,6 +578,7 @@ class _UpstreamProtocol(asyncio.Protocol):
             self.data_received(b"")
 
 
+_RESPONSES_PATH = b"/responses"
 _BEDROCK_PREFIX = b"/model/"
 _BEDROCK_STREAM = b"invoke-with-response-stream"
 

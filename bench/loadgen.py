@@ -624,10 +624,12 @@ def summarise(
 def _expected_bytes(model: str, wire: str = "anthropic") -> int | None:
     """
     The body length of an unpaced stream (``bench:burst:N``), else ``None``;
-    through the ``bedrock`` wire, without the ``ping`` Bedrock does not send.
+    through the ``bedrock`` wire, without the ``ping`` Bedrock does not send;
+    through the ``responses`` wire, ``None`` (the relay makes the events
+    itself: not the fake upstream's bytes).
     """
     parts = model.split(":")
-    if len(parts) < 3 or parts[1] != "burst":
+    if len(parts) < 3 or parts[1] != "burst" or wire == "responses":
         return None
     try:
         from fake_upstream import stream_events
@@ -662,7 +664,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hold-timeout", type=float, default=300.0)
     parser.add_argument("--count-only", action="store_true",
                         help="count body bytes without reading events (throughput: see run_load)")
-    parser.add_argument("--wire", default="anthropic", choices=("anthropic", "bedrock"),
+    parser.add_argument("--wire", default="anthropic", choices=("anthropic", "bedrock", "responses"),
                         help="the target's wire to the fake upstream: bedrock streams have no ping (--count-only)")
     args = parser.parse_args(argv)
     stream = args.model.split(":")[1:2] in (["paced"], ["burst"], ["idle"])

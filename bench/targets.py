@@ -8,8 +8,8 @@ Targets: ``direct`` (the fake upstream itself), ``nginx`` (Debian's package,
 buffering off), ``plain`` (``twisted.web.proxy``), ``aiohttp`` (a plain
 asyncio proxy, aiohttp on uvloop, from its own virtual environment),
 ``relay`` (``twistd -n relay``, optionally from a patched copy of the
-package; ``relay-routed``, ``relay-ledger`` and ``relay-bedrock`` are
-variants of its settings) and ``litellm`` (LiteLLM's proxy as an Anthropic pass-through, from
+package; ``relay-routed``, ``relay-ledger``, ``relay-bedrock`` and
+``relay-responses`` are variants of its settings) and ``litellm`` (LiteLLM's proxy as an Anthropic pass-through, from
 its own virtual environment). Every one binds 127.0.0.1 and is stopped by
 its pid.
 """
@@ -36,6 +36,7 @@ __all__ = [
     "Nginx",
     "PlainProxy",
     "Relay",
+    "ResponsesRelay",
     "Target",
     "cpu_seconds",
     "free_port",
@@ -462,6 +463,40 @@ class BedrockRelay(Relay):
             "BENCH_AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30),
         }
         self._spawn_relay("--config", path, env=keys)
+
+
+_RESPONSES_CONFIG = """\
+# One upstream on OpenAI's Responses wire (the fake upstream answers
+# /v1/responses); no model map, so that the bench's model (bench:paced:...)
+# reaches the fake upstream, which answers by it.
+[upstreams.gpt]
+wire = "openai-responses"
+url = "http://127.0.0.1:%(port)d/v1"
+keys = ["env:BENCH_OPENAI_KEY"]
+
+[[routes]]
+targets = [{ upstream = "gpt" }]
+"""
+
+
+class ResponsesRelay(Relay):
+    """
+    The relay with ``--config`` of one upstream on the ``openai-responses``
+    wire: each request translated into a Responses request, each stream's
+    Responses events translated into Anthropic's SSE. Beside ``relay``,
+    what the Responses wire costs per event, per MB and per request.
+    """
+
+    name = "relay-responses"
+    wire = "responses"
+    description = "twistd -n relay --config (1 upstream, wire openai-responses) --no-dumps --ping-interval 0"
+
+    def _launch(self) -> None:
+        path = os.path.join(self.workdir, self.name + ".toml")
+        with open(path, "w") as f:
+            f.write(_RESPONSES_CONFIG % {"port": self.upstream.port})
+        # Made up per run: the fake upstream does not check keys.
+        self._spawn_relay("--config", path, env={"BENCH_OPENAI_KEY": "sk-bench-" + secrets.token_urlsafe(24)})
 
 
 class LedgerRelay(Relay):

@@ -17,9 +17,11 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from bench.fake_upstream import (
     DELTA_TEXT_BYTES,
+    RESPONSES_TEXT,
     STAMP_MARKER,
     _model_of,
     delta_event,
+    responses_events,
     start_server,
     stream_events,
 )
@@ -351,6 +353,85 @@ class HeadlineTests(SynchronousTestCase):
         self.assertEqual(met(alone)["S1 200: added median per event, vs before"], "-")
 
 
+def _text_of(events: list[tuple[str, dict]]) -> str:
+    """The text of an Anthropic stream's ``text_delta`` events, joined."""
+    return "".join(data["delta"]["text"] for name, data in events
+                   if name == "content_block_delta" and data["delta"]["type"] == "text_delta")
+
+
+class ResponsesStreamTests(SynchronousTestCase):
+    """
+    The fake upstream's Responses route: the model from the body, the same
+    streams as OpenAI's Responses stream events, which the relay's
+    translator turns into Anthropic events with the same text.
+    """
+
+    def responses(self, model: str, stream: bool = True) -> tuple[int, bytes, bytes]:
+        # As the openai-responses wire sends it, the model first.
+        body = b'{"model":"%s","input":[],"stream":%s,"store":false}' % (
+            model.encode("ascii"), b"true" if stream else b"false")
+        return _exchange("/v1/responses", body)
+
+    def translated(self, body: bytes) -> list[tuple[str, dict]]:
+        """The Responses stream's events, translated by the relay's ResponsesStream."""
+        from twisted_relay.openai.context import TranslateContext
+        from twisted_relay.openai.responses_answer import ResponsesStream
+
+        translator = ResponsesStream(TranslateContext("gpt", "account", "gpt-5.5", requested_model="claude-bench"))
+        out = []
+        for name, data in _sse_events(body):
+            self.assertEqual(name, data["type"])
+            out.extend(translator.feed(data))
+        out.extend(translator.close())
+        return out
+
+    def test_same_text_as_the_sse_stream(self):
+        """
+        Translated by the relay (``ResponsesStream``), the Responses stream of
+        a model has the text of the SSE stream of the same model, delta for
+        delta, and a normal end: ``end_turn`` and the usage; its ``.done``
+        events repeat the streamed text, which the relay does not write twice.
+        """
+        for model, deltas in (("bench:burst:7", 7), ("bench:paced:4:1", 4)):
+            status, head, body = self.responses(model)
+            self.assertEqual(status, 200)
+            self.assertIn(b"content-type: text/event-stream", head)
+            events = self.translated(body)
+            names = [name for name, _ in events]
+            self.assertEqual(names, ["message_start", "content_block_start"] + ["content_block_delta"] * deltas
+                             + ["content_block_stop", "message_delta", "message_stop"], model)
+            self.assertEqual((events[-2][1]["delta"]["stop_reason"], events[-2][1]["usage"]["output_tokens"]),
+                             ("end_turn", 15))
+            text = _text_of(events)
+            done = [data for name, data in _sse_events(body) if name == "response.output_text.done"]
+            self.assertEqual(done[0]["text"], text)
+            if model.startswith("bench:burst"):
+                self.assertEqual(text, _text_of(_sse_events(b"".join(stream_events(deltas)))))
+                self.assertEqual(_sse_events(b"".join(responses_events(deltas))), _sse_events(body))
+            else:
+                stamps = [data["delta"]["text"][:18] for name, data in events if name == "content_block_delta"]
+                self.assertTrue(all(s.startswith("~T") and int(s[2:]) > 0 for s in stamps), stamps)
+                self.assertEqual([len(data["delta"]["text"]) for name, data in events
+                                  if name == "content_block_delta"], [DELTA_TEXT_BYTES] * deltas)
+
+    def test_whole_answer_and_route(self):
+        """
+        A request that is not a stream gets the small message as a Responses
+        object (the relay maps it to the Anthropic message's text); the
+        Anthropic route still answers Anthropic's events.
+        """
+        from twisted_relay.openai.context import TranslateContext
+        from twisted_relay.openai.responses_answer import message_of_response
+
+        status, _, body = self.responses("bench:json", stream=False)
+        answer = json.loads(body)
+        self.assertEqual((status, answer["object"], answer["status"]), (200, "response", "completed"))
+        message = message_of_response(answer, TranslateContext("gpt", "account", "gpt-5.5"))
+        self.assertEqual(message["content"], [{"type": "text", "text": RESPONSES_TEXT.decode()}])
+        status, _, body = _exchange("/v1/messages", b'{"model":"bench:burst:2","stream":true}')
+        self.assertEqual(body, b"".join(stream_events(2)))
+
+
 class WireVerdictTests(SynchronousTestCase):
     """Issue 32's goals, judged on the relay-bedrock and relay targets of one run."""
 
@@ -385,3 +466,29 @@ class WireVerdictTests(SynchronousTestCase):
         self.assertEqual(rows["SigV4 signing per request, 107-byte body (in process)"][2], "met")
         self.assertEqual(rows["SigV4 signing per request, 200 KB body (in process)"][2], "NOT met")
         self.assertFalse([row for row in wire_verdicts(self.results(1.0), signing=False) if "SigV4" in row[0]])
+
+
+class ResponsesVerdictTests(SynchronousTestCase):
+    """Issue 33's goal, judged on the relay-responses and relay targets of one run."""
+
+    def test_cpu_per_event_ratio(self):
+        """CPU per paced event delivered, relay-responses over relay, 1.5x at most; no SigV4 rows."""
+        from bench.run import RESPONSES_CPU_LIMIT, wire_verdicts
+
+        def results(cpu: float) -> dict:
+            def paced(cpu: float, events: int) -> dict:
+                return {"target_cpu_s": cpu, "events": events, "ok": 400, "errors": 0, "requests": 400}
+
+            return {"S1": {"paced": {200: {"relay": paced(1.0, 22_400), "relay-responses": paced(cpu, 22_000)}}},
+                    "sigv4": {107: {"sha256": 0.3, "signer": 19.0, "authorize": 22.0, "botocore": 99.0}}}
+
+        def judged(cpu: float) -> list:
+            rows = wire_verdicts(results(cpu), "relay-responses", signing=False, limit=RESPONSES_CPU_LIMIT,
+                                 issue="issue 33")
+            self.assertEqual(rows[0][0], "goal (issue 33)")
+            return rows[1:]
+
+        (row,) = judged(1.47)
+        self.assertEqual(row, ["S1 200: CPU per paced event, relay-responses / relay",
+                               "66.8 / 44.6 us: 1.50x (per stream 1.47x)", "<= 1.5x", "met"])
+        self.assertEqual(judged(1.48)[0][3], "NOT met")

@@ -1,8 +1,8 @@
 """
 Count the instructions the relay's process runs per paced event, under
-Valgrind's callgrind, for the ``relay`` target (the Anthropic wire) and the
-``relay-bedrock`` target (the Bedrock wire) in front of the same fake
-upstream: a figure that the other work on a shared machine does not move,
+Valgrind's callgrind, for the ``relay`` target (the Anthropic wire), the
+``relay-bedrock`` target (the Bedrock wire) and the ``relay-responses``
+target (OpenAI's Responses wire) in front of the same fake upstream: a figure that the other work on a shared machine does not move,
 beside ``bench/run.py``'s CPU seconds, which it does.
 
 Only the relay's own user-space instructions are counted (not the kernel's
@@ -15,6 +15,7 @@ two minutes a target)::
 
     python bench/wire_instructions.py
     python bench/wire_instructions.py --bedrock-tree before=/path/to/tree   # a Bedrock wire before a change
+    python bench/wire_instructions.py --targets relay,relay-responses       # issue 33's wire only
 
 It needs ``valgrind`` (``apt-get install valgrind``). Every process binds
 127.0.0.1 and is stopped by its pid; every wait is bounded.
@@ -89,9 +90,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=50, help="deltas per stream, 20 ms apart")
     parser.add_argument("--bedrock-tree", action="append", default=[], metavar="NAME=PATH",
                         help="also count the Bedrock wire of the twisted_relay copy under PATH, as NAME")
+    parser.add_argument("--targets", default="relay,relay-bedrock,relay-responses",
+                        help="which of relay, relay-bedrock, relay-responses to count (relay always)")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
+    kinds = {"relay-bedrock": _targets.BedrockRelay, "relay-responses": _targets.ResponsesRelay}
+    names = [n for n in args.targets.split(",") if n and n != "relay"]
+    unknown = [n for n in names if n not in kinds]
+    if unknown:
+        raise SystemExit("unknown target(s): %s" % (", ".join(unknown),))
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     workdir = args.workdir or tempfile.mkdtemp(prefix="relay-instructions-")
@@ -103,10 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     def launcher(name: str) -> list[str]:
         return ["valgrind", "--tool=callgrind", "--callgrind-out-file=%s/%s.callgrind.%%p" % (workdir, name)]
 
-    made = [
-        _targets.Relay(workdir, upstream, launcher=launcher("relay")),
-        _targets.BedrockRelay(workdir, upstream, launcher=launcher("relay-bedrock")),
-    ]
+    made = [_targets.Relay(workdir, upstream, launcher=launcher("relay"))]
+    made += [kinds[name](workdir, upstream, launcher=launcher(name)) for name in names]
     for item in args.bedrock_tree:
         name, tree = item.split("=", 1)
         made.append(_targets.BedrockRelay(workdir, upstream, tree=tree, name=name, launcher=launcher(name)))
