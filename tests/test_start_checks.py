@@ -341,3 +341,21 @@ class ThreadStoreCheckTests(SynchronousTestCase):
             self.assertTrue(line.startswith("cannot reach the thread store: redis://%s" % (address,)), line)
             self.assertIn(says, line)
             self.assertNotIn("secret", line)
+
+
+class SimulatedBedrockCheckTests(SynchronousTestCase):
+    """``--simulate bedrock`` without botocore (the README's plain install): one line at start, not a 500 a request."""
+
+    def test_botocore_missing(self):
+        import sys
+
+        from twisted_relay.config import RelayConfig
+        from twisted_relay.start_checks import StartupError, run_start_checks, start_checks_for
+
+        config = RelayConfig(listen=(), dump_dir=None, simulate="bedrock")
+        self.patch(sys, "modules", dict(sys.modules, **{"botocore.session": None}))
+        with self.assertRaises(StartupError) as caught:
+            run_start_checks(start_checks_for(config, logins=False))
+        self.assertIn("cannot run the simulated Bedrock", str(caught.exception))
+        self.assertIn("pip install 'twisted-relay[aws]'", str(caught.exception))
+        self.assertEqual(len(str(caught.exception).splitlines()), 1)

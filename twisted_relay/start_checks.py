@@ -187,6 +187,12 @@ def start_checks_for(config: RelayConfig, reactor=None, *, logins: bool = True) 
                 (OSError,),
             )
         )
+    if config.simulate == "bedrock":
+        # The simulated Bedrock checks each signature with botocore, as AWS would.
+        from twisted_relay.logins import LoginError
+        from twisted_relay.logins.aws import require_botocore
+
+        checks.append(StartCheck("cannot run the simulated Bedrock", require_botocore, (LoginError,)))
     for upstream in config.upstreams if logins else ():
         if upstream.login is not None:
             checks.append(
