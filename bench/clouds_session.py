@@ -48,6 +48,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from bench.targets import free_port
+from bench.todays_api_session import thinking_signatures
 from twisted_relay.service import Relay
 from twisted_relay.settings import read_settings
 from twisted_relay.simulated import SimulatedUpstream
@@ -188,16 +189,6 @@ def session(base_url: str, turns: int, deadline: float, between) -> list[Turn]:
     return done
 
 
-def _signatures(body) -> set:
-    found = set()
-    for message in body.get("messages", []) if isinstance(body, dict) else []:
-        content = message.get("content")
-        for block in content if isinstance(content, list) else []:
-            if isinstance(block, dict) and block.get("type") == "thinking":
-                found.add(block.get("signature"))
-    return found
-
-
 def own_thinking_back(name: str, requests: list, done: list[Turn]) -> dict:
     """
     For each turn ``name`` served, whether the request that got its answer
@@ -210,7 +201,7 @@ def own_thinking_back(name: str, requests: list, done: list[Turn]) -> dict:
         if turn.upstream != name or turn.error is not None:
             continue
         turns += 1
-        sent = _signatures(requests[turn.received[name] - 1].body)
+        sent = thinking_signatures(requests[turn.received[name] - 1].body)
         lost = [signature for signature in made if signature not in sent]
         missing_turns += bool(lost)
         missing_blocks += len(lost)

@@ -286,7 +286,8 @@ def threaded_session(base_url: str, turns: int, every: int, deadline: float, bet
     return done
 
 
-def _signatures(body) -> set:
+def thinking_signatures(body) -> set:
+    """The signatures of every thinking block a request's history holds."""
     found = set()
     for message in body.get("messages", []) if isinstance(body, dict) else []:
         content = message.get("content")
@@ -314,7 +315,7 @@ def own_thinking_back(name: str, upstream: SimulatedUpstream, done: list[Turn]) 
             continue
         turns += 1
         answered = requests[turn.received[name] - 1]
-        sent = _signatures(answered.body)
+        sent = thinking_signatures(answered.body)
         lost = [signature for signature in made if signature not in sent]
         missing_turns += bool(lost)
         missing_blocks += len(lost)
