@@ -353,7 +353,11 @@ class SimulatedBedrockCheckTests(SynchronousTestCase):
         from twisted_relay.start_checks import StartupError, run_start_checks, start_checks_for
 
         config = RelayConfig(listen=(), dump_dir=None, simulate="bedrock")
-        self.patch(sys, "modules", dict(sys.modules, **{"botocore.session": None}))
+        # A module set to None in sys.modules cannot be imported: botocore as if not installed.
+        import botocore.session
+
+        sys.modules["botocore.session"] = None
+        self.addCleanup(sys.modules.__setitem__, "botocore.session", botocore.session)
         with self.assertRaises(StartupError) as caught:
             run_start_checks(start_checks_for(config, logins=False))
         self.assertIn("cannot run the simulated Bedrock", str(caught.exception))

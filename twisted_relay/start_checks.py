@@ -189,7 +189,6 @@ def start_checks_for(config: RelayConfig, reactor=None, *, logins: bool = True) 
         )
     if config.simulate == "bedrock":
         # The simulated Bedrock checks each signature with botocore, as AWS would.
-        from twisted_relay.logins import LoginError
         from twisted_relay.logins.aws import require_botocore
 
         checks.append(StartCheck("cannot run the simulated Bedrock", require_botocore, (LoginError,)))
