@@ -139,7 +139,6 @@ class FrameDecoder:
         self._buffer: bytes | bytearray = b""
         self._position = 0
         self._failure: EventStreamError | None = None
-        # Bedrock's chunk frames all carry the same headers: read once.
         self._last_header_bytes = b""
         self._last_headers: dict[str, Any] = {}
 
@@ -156,37 +155,38 @@ class FrameDecoder:
             ``frames`` holds those decoded before them); every later call
             raises it again.
         """
+        buf, spans, fault = self.read(data)
+        frames = [_new_frame(Frame, (headers, bytes(buf[start:end]))) for headers, start, end in spans]
+        if fault is not None:
+            fault.frames = frames
+            raise fault
+        return frames
+
+    def read(self, data: bytes) -> tuple[bytes | bytearray, list[tuple[dict[str, Any], int, int]], EventStreamError | None]:
+        """
+        Add a read and find the frames it completes, without copying them:
+        the buffer, each frame as its headers and its payload's start and
+        end in the buffer (read it before the next call, which may reuse
+        the buffer), and the fault that ended the bytes read (``None``: no
+        fault; once a fault is found, every later call gives it again).
+        """
         if self._failure is not None:
-            raise EventStreamError(str(self._failure))
+            return b"", [], EventStreamError(str(self._failure))
         buf, position = self._buffer, self._position
         if position == len(buf):
             buf, position = data, 0
         elif data:
-            if type(buf) is not bytearray:
+            # The bytes of the frames taken by the call before go now.
+            if type(buf) is bytearray:
+                del buf[:position]
+            else:
                 buf = bytearray(memoryview(buf)[position:])
-                position = 0
-            buf += data
-        frames: list[Frame] = []
-        try:
-            position = self._take(buf, position, frames)
-        except EventStreamError as e:
-            self._failure = e
-            self._buffer, self._position = b"", 0
-            e.frames = frames
-            raise
-        if position == len(buf):
-            buf, position = b"", 0
-        elif position and type(buf) is bytearray:
-            del buf[:position]
             position = 0
-        self._buffer, self._position = buf, position
-        return frames
-
-    def _take(self, buf: bytes | bytearray, position: int, frames: list[Frame]) -> int:
+            buf += data
+        spans: list[tuple[dict[str, Any], int, int]] = []
         n = len(buf)
-        whole = type(buf) is bytes
-        view = None
-        last_header_bytes = self._last_header_bytes
+        # A small frame of bytes is cheaper to copy for its CRC than to view.
+        view = None if type(buf) is bytes else memoryview(buf)
         try:
             while n - position >= _PRELUDE_BYTES:
                 total, headers_length, prelude_crc = _PRELUDE.unpack_from(buf, position)
@@ -197,18 +197,13 @@ class FrameDecoder:
                         % (prelude_crc, computed)
                     )
                 payload_length = total - _FRAME_OVERHEAD - headers_length
-                if (
-                    payload_length < 0
-                    or payload_length > self.max_payload_bytes
-                    or headers_length > self.max_headers_bytes
-                ):
+                if not 0 <= payload_length <= self.max_payload_bytes or headers_length > self.max_headers_bytes:
                     self._refuse_lengths(total, headers_length)
                 end = position + total
                 if end > n:
                     break
-                # botocore's reading: the CRC of what follows the prelude's
-                # CRC, from it. A small frame is cheaper to copy than to view.
-                if whole and total <= _COPIED_BYTES:
+                # botocore's reading: the CRC of what follows the prelude's CRC, from it.
+                if view is None and total <= _COPIED_BYTES:
                     computed = crc32(buf[position + 8 : end - 4], prelude_crc)
                 else:
                     if view is None:
@@ -219,30 +214,28 @@ class FrameDecoder:
                         "the message's checksum does not match (0x%08x sent, 0x%08x computed)"
                         % (_UINT32.unpack_from(buf, end - 4)[0], computed)
                     )
-                start = position + _PRELUDE_BYTES
-                headers_end = start + headers_length
-                header_bytes = buf[start:headers_end]
-                if header_bytes == last_header_bytes:
-                    headers = self._last_headers
-                elif headers_length:
-                    last_header_bytes = bytes(header_bytes)
-                    headers = self._read_headers(last_header_bytes)
-                    self._last_header_bytes, self._last_headers = last_header_bytes, headers
-                else:
-                    headers = {}
-                if whole:
-                    payload = buf[headers_end : end - 4]
-                else:
-                    if view is None:
-                        view = memoryview(buf)
-                    payload = bytes(view[headers_end : end - 4])
-                frames.append(_new_frame(Frame, (headers, payload)))
+                headers_end = position + _PRELUDE_BYTES + headers_length
+                # Bedrock's chunk frames all carry the same headers: read once.
+                header_bytes = buf[position + _PRELUDE_BYTES : headers_end]
+                if header_bytes != self._last_header_bytes:
+                    self._last_header_bytes = bytes(header_bytes)
+                    self._last_headers = self._read_headers(self._last_header_bytes)
+                spans.append((self._last_headers, headers_end, end - 4))
                 position = end
+        except EventStreamError as e:
+            self._failure = e
+            self._buffer, self._position = b"", 0
+            return buf, spans, e
         finally:
             # A bytearray with a view on it cannot shrink.
             if view is not None:
                 view.release()
-        return position
+        if position == n:
+            # Nothing is pending: the next read starts a buffer of its own.
+            self._buffer, self._position = b"", 0
+        else:
+            self._buffer, self._position = buf, position
+        return buf, spans, None
 
     def _refuse_lengths(self, total: int, headers_length: int) -> None:
         payload_length = total - _FRAME_OVERHEAD - headers_length
@@ -394,10 +387,13 @@ def bedrock_error(
 # -- Bedrock's frames as Anthropic's events -------------------------------------------
 
 _METRICS_KEY = "amazon-bedrock-invocationMetrics"
-_METRICS_MARK = b'"amazon-bedrock-invocationMetrics"'
 _MESSAGE_START = b"message_start"
 _MESSAGE_DELTA = b"message_delta"
 _MESSAGE_STOP = b"message_stop"
+_CONTENT_BLOCK_DELTA = b"content_block_delta"
+_DELTA_FIRST = b'{"type":"content_block_delta"'
+# The events read for the usage and the invocation metrics: parsed.
+_USAGE_EVENTS = frozenset((_MESSAGE_START, _MESSAGE_DELTA, _MESSAGE_STOP))
 # An Anthropic event's JSON names its type first, as Bedrock sends it: the
 # name is read without parsing the rest. Anything else is parsed.
 _TYPE_FIRST = re.compile(rb'\{"type":"([A-Za-z0-9_]+)"')
@@ -448,6 +444,7 @@ class BedrockToSSE:
 
     def __init__(self, max_payload_bytes: int = MAX_PAYLOAD_BYTES):
         self._decoder = FrameDecoder(max_payload_bytes)
+        self._chunk_headers: dict | None = None
         self._held: dict | None = None
         self._held_bytes = b""
         self._reported: set[str] = set()
@@ -465,25 +462,39 @@ class BedrockToSSE:
         """The SSE bytes of every event the read completes (``b""`` for none)."""
         if self.ended:
             return b""
-        fault = None
-        try:
-            frames = self._decoder.feed(data)
-        except EventStreamError as e:
-            frames, fault = e.frames, str(e)
+        buf, frames, error = self._decoder.read(data)
+        fault = None if error is None else str(error)
         out: list[bytes] = []
-        chunk = self._chunk
-        for headers, payload in frames:
+        for headers, start, end in frames:
             try:
-                if headers.get(":message-type") == "event":
-                    if headers.get(":event-type") == "chunk":
-                        chunk(payload, out)
+                # The decoder gives frames with the same headers the same dict.
+                if headers is not self._chunk_headers:
+                    if headers.get(":event-type") != "chunk" or headers.get(":message-type") != "event":
+                        self._other(headers, bytes(buf[start:end]), out)
+                        if self.ended:
+                            return b"".join(out)
+                        continue
+                    self._chunk_headers = headers
+                raw = _event_json(buf, start, end)
+                if raw.startswith(_DELTA_FIRST):
+                    # The commonest event, named without the pattern.
+                    name = _CONTENT_BLOCK_DELTA
                 else:
-                    self._other(headers, payload, out)
+                    typed = _TYPE_FIRST.match(raw)
+                    name = None if typed is None else typed[1]
+                # A line end (allowed between JSON's tokens) would end the
+                # SSE event early: such an event is written again. (find,
+                # not `in`: on Python 3.11 a bytes `in` costs an exception.)
+                if name is None or name in _USAGE_EVENTS or raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
+                    self._parsed_chunk(raw, out)
+                    continue
+                # Any other event: passed on as Bedrock encoded it, unparsed.
+                if self._held is not None:
+                    self._release(out)
+                out += (b"event: ", name, b"\ndata: ", raw, b"\n\n")
             except _Malformed as e:
                 fault = str(e)
                 break
-            if self.ended:
-                return b"".join(out)
         if fault is not None:
             self.malformed = fault
             self._end(out, "api_error", _MALFORMED % (fault,))
@@ -507,21 +518,13 @@ class BedrockToSSE:
             self.error = error
             self._end(out, error.error_type, error.message)
 
-    def _chunk(self, payload: bytes, out: list[bytes]) -> None:
-        raw = _event_json(payload)
-        event = None
-        typed = _TYPE_FIRST.match(raw)
-        # A line end (allowed between JSON's tokens) would end the SSE event
-        # early: such an event is written again. (find, not `in`: on Python
-        # 3.11 a bytes `in` costs an exception.)
-        if typed is not None and raw.find(b"\n") < 0 and raw.find(b"\r") < 0:
-            name = typed[1]
-        else:
-            event = _parse_event(raw)
-            name = event["type"].encode("utf-8")
+    def _parsed_chunk(self, raw: bytes, out: list[bytes]) -> None:
+        """A chunk's event that is parsed: one with usage or metrics, or one whose JSON is written again."""
+        event = _parse_event(raw)
+        name = event["type"].encode("utf-8")
+        if raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
             raw = to_json(event)
-        if name == _MESSAGE_STOP and _METRICS_MARK in raw:
-            event = event if event is not None else _parse_event(raw)
+        if name == _MESSAGE_STOP and _METRICS_KEY in event:
             metrics = event.pop(_METRICS_KEY, None)
             if isinstance(metrics, dict):
                 self.invocation_metrics = metrics
@@ -529,12 +532,10 @@ class BedrockToSSE:
         if self._held is not None:
             self._release(out)
         if name == _MESSAGE_DELTA:
-            event = event if event is not None else _parse_event(raw)
             self._note_reported(event.get("usage"))
             self._held, self._held_bytes = event, raw
             return
         if name == _MESSAGE_START:
-            event = event if event is not None else _parse_event(raw)
             message = event.get("message")
             if isinstance(message, dict):
                 self._note_reported(message.get("usage"))
@@ -597,17 +598,18 @@ class BedrockToSSE:
         out.append(sse_error_event(error_type, message))
 
 
-def _event_json(payload: bytes) -> bytes:
-    """The Anthropic event a chunk's payload carries, as its JSON bytes."""
+def _event_json(buf: bytes | bytearray, start: int, end: int) -> bytes:
+    """The Anthropic event a chunk's payload (``buf[start:end]``) carries, as its JSON bytes."""
     encoded: Any = None
-    if payload[:10] == _CHUNK_FIRST:
+    if buf.startswith(_CHUNK_FIRST, start, end):
         # Bedrock writes "bytes" first; base64 holds no quote nor backslash.
-        close = payload.find(b'"', 10)
-        if close > 0 and payload.find(b"\\", 10, close) < 0:
-            encoded = payload[10:close]
+        first = start + len(_CHUNK_FIRST)
+        close = buf.find(b'"', first, end)
+        if close > 0 and buf.find(b"\\", first, close) < 0:
+            encoded = buf[first:close]
     if encoded is None:
         try:
-            chunk = ujson.loads(payload)
+            chunk = ujson.loads(bytes(buf[start:end]))
         except ValueError:
             raise _Malformed("a chunk's payload is not JSON")
         encoded = chunk.get("bytes") if isinstance(chunk, dict) else None
