@@ -19,6 +19,7 @@ import re
 import struct
 from binascii import Error as BinasciiError
 from binascii import a2b_base64
+from functools import lru_cache
 from typing import Any, NamedTuple
 from zlib import crc32
 
@@ -73,6 +74,8 @@ _UINT16 = struct.Struct("!H")
 # Fixed-size header values by type; 8 is a timestamp in ms.
 _FIXED = {kind: struct.Struct(code) for kind, code in ((2, "!b"), (3, "!h"), (4, "!i"), (5, "!q"), (8, "!q"))}
 _UUID_BYTES = 16
+# Headers sections up to this size are kept once read, for every stream.
+_KEPT_HEADERS_BYTES = 1024
 # Frames up to this size have their CRC computed on a copy (cheaper than a view).
 _COPIED_BYTES = 65536
 
@@ -219,7 +222,7 @@ class FrameDecoder:
                 header_bytes = buf[position + _PRELUDE_BYTES : headers_end]
                 if header_bytes != self._last_header_bytes:
                     self._last_header_bytes = bytes(header_bytes)
-                    self._last_headers = self._read_headers(self._last_header_bytes)
+                    self._last_headers = _read_headers(self._last_header_bytes, self.max_header_value_bytes)
                 spans.append((self._last_headers, headers_end, end - 4))
                 position = end
         except EventStreamError as e:
@@ -249,59 +252,75 @@ class FrameDecoder:
             why = "a frame's payload is %d bytes, past the limit of %d" % (payload_length, self.max_payload_bytes)
         raise EventStreamError(why)
 
-    def _read_headers(self, data: bytes) -> dict[str, Any]:
-        headers: dict[str, Any] = {}
-        n = len(data)
-        i = 0
-        while i < n:
-            name_length = data[i]
-            i += 1
-            if name_length == 0 or i + name_length + 1 > n:
-                raise EventStreamError("a header's name runs past the headers' end")
-            try:
-                name = data[i : i + name_length].decode("utf-8")
-            except UnicodeDecodeError:
-                raise EventStreamError("a header's name is not UTF-8")
-            i += name_length
-            kind = data[i]
-            i += 1
-            fixed = _FIXED.get(kind)
-            if kind == 0 or kind == 1:
-                size = 0
-            elif fixed is not None:
-                size = fixed.size
-            elif kind == 9:
-                size = _UUID_BYTES
-            elif kind == 6 or kind == 7:
-                if i + 2 > n:
-                    raise EventStreamError("the value of header %r runs past the headers' end" % name)
-                (size,) = _UINT16.unpack_from(data, i)
-                i += 2
-                if size > self.max_header_value_bytes:
-                    raise EventStreamError(
-                        "the value of header %r is %d bytes, past the limit of %d"
-                        % (name, size, self.max_header_value_bytes)
-                    )
-            else:
-                raise EventStreamError("header %r has the unknown type %d" % (name, kind))
-            if i + size > n:
+
+def _read_headers(data: bytes, max_header_value_bytes: int) -> dict[str, Any]:
+    """
+    A frame's headers section, read (:class:`EventStreamError` for one that
+    is not well formed). A small one is kept, for every stream: Bedrock's
+    chunk frames all carry the same headers. The dict may be shared: read
+    it, never change it.
+    """
+    if len(data) <= _KEPT_HEADERS_BYTES:
+        return _kept_headers(data, max_header_value_bytes)
+    return _parse_headers(data, max_header_value_bytes)
+
+
+def _parse_headers(data: bytes, max_header_value_bytes: int) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
+    n = len(data)
+    i = 0
+    while i < n:
+        name_length = data[i]
+        i += 1
+        if name_length == 0 or i + name_length + 1 > n:
+            raise EventStreamError("a header's name runs past the headers' end")
+        try:
+            name = data[i : i + name_length].decode("utf-8")
+        except UnicodeDecodeError:
+            raise EventStreamError("a header's name is not UTF-8")
+        i += name_length
+        kind = data[i]
+        i += 1
+        fixed = _FIXED.get(kind)
+        if kind == 0 or kind == 1:
+            size = 0
+        elif fixed is not None:
+            size = fixed.size
+        elif kind == 9:
+            size = _UUID_BYTES
+        elif kind == 6 or kind == 7:
+            if i + 2 > n:
                 raise EventStreamError("the value of header %r runs past the headers' end" % name)
-            if size == 0 and kind < 2:
-                value: Any = kind == 0
-            elif fixed is not None:
-                (value,) = fixed.unpack_from(data, i)
-            elif kind == 7:
-                try:
-                    value = data[i : i + size].decode("utf-8")
-                except UnicodeDecodeError:
-                    raise EventStreamError("the string header %r is not UTF-8" % name)
-            else:
-                value = data[i : i + size]
-            i += size
-            if name in headers:
-                raise EventStreamError("header %r comes twice" % name)
-            headers[name] = value
-        return headers
+            (size,) = _UINT16.unpack_from(data, i)
+            i += 2
+            if size > max_header_value_bytes:
+                raise EventStreamError(
+                    "the value of header %r is %d bytes, past the limit of %d"
+                    % (name, size, max_header_value_bytes)
+                )
+        else:
+            raise EventStreamError("header %r has the unknown type %d" % (name, kind))
+        if i + size > n:
+            raise EventStreamError("the value of header %r runs past the headers' end" % name)
+        if size == 0 and kind < 2:
+            value: Any = kind == 0
+        elif fixed is not None:
+            (value,) = fixed.unpack_from(data, i)
+        elif kind == 7:
+            try:
+                value = data[i : i + size].decode("utf-8")
+            except UnicodeDecodeError:
+                raise EventStreamError("the string header %r is not UTF-8" % name)
+        else:
+            value = data[i : i + size]
+        i += size
+        if name in headers:
+            raise EventStreamError("header %r comes twice" % name)
+        headers[name] = value
+    return headers
+
+
+_kept_headers = lru_cache(maxsize=32)(_parse_headers)
 
 
 # -- Bedrock's errors ------------------------------------------------------------------
