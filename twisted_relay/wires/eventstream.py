@@ -188,8 +188,7 @@ class FrameDecoder:
             buf += data
         spans: list[tuple[dict[str, Any], int, int]] = []
         n = len(buf)
-        # A small frame of bytes is cheaper to copy for its CRC than to view.
-        view = None if type(buf) is bytes else memoryview(buf)
+        view = None
         try:
             while n - position >= _PRELUDE_BYTES:
                 total, headers_length, prelude_crc = _PRELUDE.unpack_from(buf, position)
@@ -205,8 +204,9 @@ class FrameDecoder:
                 end = position + total
                 if end > n:
                     break
-                # botocore's reading: the CRC of what follows the prelude's CRC, from it.
-                if view is None and total <= _COPIED_BYTES:
+                # botocore's reading: the CRC of what follows the prelude's
+                # CRC, from it. A small frame is cheaper to copy than to view.
+                if total <= _COPIED_BYTES:
                     computed = crc32(buf[position + 8 : end - 4], prelude_crc)
                 else:
                     if view is None:
@@ -411,6 +411,7 @@ _MESSAGE_DELTA = b"message_delta"
 _MESSAGE_STOP = b"message_stop"
 _CONTENT_BLOCK_DELTA = b"content_block_delta"
 _DELTA_FIRST = b'{"type":"content_block_delta"'
+_DELTA_FIRST_BYTES = len(_DELTA_FIRST)
 # The events read for the usage and the invocation metrics: parsed.
 _USAGE_EVENTS = frozenset((_MESSAGE_START, _MESSAGE_DELTA, _MESSAGE_STOP))
 # An Anthropic event's JSON names its type first, as Bedrock sends it: the
@@ -419,9 +420,11 @@ _TYPE_FIRST = re.compile(rb'\{"type":"([A-Za-z0-9_]+)"')
 _EVENT_NAME = re.compile(r"[A-Za-z0-9_]+")
 # How Bedrock begins a chunk's payload: its base64 read without parsing.
 _CHUNK_FIRST = b'{"bytes":"'
+_CHUNK_FIRST_BYTES = len(_CHUNK_FIRST)
 # A malformed stream's error, and the longest text of an exception's payload
 # that is not JSON kept in the message.
 _MALFORMED = "The upstream's event stream was malformed: %s"
+_NOT_BASE64 = "a chunk's \"bytes\" is not base64"
 _MAX_TEXT = 1000
 
 
@@ -494,17 +497,27 @@ class BedrockToSSE:
                             return b"".join(out)
                         continue
                     self._chunk_headers = headers
-                raw = _event_json(buf, start, end)
-                if raw.startswith(_DELTA_FIRST):
+                # Bedrock writes "bytes" first, its base64 holding no quote
+                # nor backslash: read in place; anything else is parsed.
+                first = start + _CHUNK_FIRST_BYTES
+                close = buf.find(b'"', first, end) if buf[start:first] == _CHUNK_FIRST else -1
+                if close > 0 and buf.find(b"\\", first, close) < 0:
+                    raw = a2b_base64(buf[first:close])
+                else:
+                    raw = _event_json(bytes(buf[start:end]))
+                if raw[:_DELTA_FIRST_BYTES] == _DELTA_FIRST:
                     # The commonest event, named without the pattern.
                     name = _CONTENT_BLOCK_DELTA
                 else:
                     typed = _TYPE_FIRST.match(raw)
                     name = None if typed is None else typed[1]
+                    if name is None or name in _USAGE_EVENTS:
+                        self._parsed_chunk(raw, out)
+                        continue
                 # A line end (allowed between JSON's tokens) would end the
                 # SSE event early: such an event is written again. (find,
                 # not `in`: on Python 3.11 a bytes `in` costs an exception.)
-                if name is None or name in _USAGE_EVENTS or raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
+                if raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
                     self._parsed_chunk(raw, out)
                     continue
                 # Any other event: passed on as Bedrock encoded it, unparsed.
@@ -513,6 +526,9 @@ class BedrockToSSE:
                 out += (b"event: ", name, b"\ndata: ", raw, b"\n\n")
             except _Malformed as e:
                 fault = str(e)
+                break
+            except BinasciiError:
+                fault = _NOT_BASE64
                 break
         if fault is not None:
             self.malformed = fault
@@ -617,27 +633,24 @@ class BedrockToSSE:
         out.append(sse_error_event(error_type, message))
 
 
-def _event_json(buf: bytes | bytearray, start: int, end: int) -> bytes:
-    """The Anthropic event a chunk's payload (``buf[start:end]``) carries, as its JSON bytes."""
-    encoded: Any = None
-    if buf.startswith(_CHUNK_FIRST, start, end):
-        # Bedrock writes "bytes" first; base64 holds no quote nor backslash.
-        first = start + len(_CHUNK_FIRST)
-        close = buf.find(b'"', first, end)
-        if close > 0 and buf.find(b"\\", first, close) < 0:
-            encoded = buf[first:close]
-    if encoded is None:
-        try:
-            chunk = ujson.loads(bytes(buf[start:end]))
-        except ValueError:
-            raise _Malformed("a chunk's payload is not JSON")
-        encoded = chunk.get("bytes") if isinstance(chunk, dict) else None
-        if not isinstance(encoded, str):
-            raise _Malformed("a chunk's payload has no \"bytes\" text")
+def _event_json(payload: bytes) -> bytes:
+    """The Anthropic event a chunk's payload carries, as its JSON bytes, the payload parsed."""
+    try:
+        chunk = ujson.loads(payload)
+    except ValueError:
+        raise _Malformed("a chunk's payload is not JSON")
+    encoded = chunk.get("bytes") if isinstance(chunk, dict) else None
+    if not isinstance(encoded, str):
+        raise _Malformed("a chunk's payload has no \"bytes\" text")
+    return _decoded(encoded)
+
+
+def _decoded(encoded: Any) -> bytes:
+    """A chunk's ``bytes``, base64-decoded."""
     try:
         return a2b_base64(encoded)
     except (BinasciiError, ValueError):
-        raise _Malformed("a chunk's \"bytes\" is not base64")
+        raise _Malformed(_NOT_BASE64)
 
 
 def _parse_event(raw: bytes) -> dict:
