@@ -22,7 +22,6 @@ import pickle
 import sys
 import time
 from collections import deque
-from dataclasses import replace
 
 import ujson
 from twisted.application.service import Service
@@ -316,6 +315,11 @@ class _Worker(ProcessProtocol):
             pass
 
 
+def _with_digest(sha256: str, prepared: Prepared) -> Prepared:
+    prepared.body_sha256 = sha256
+    return prepared
+
+
 def _worker_lost() -> RelayError:
     return RelayError(500, "The relay's worker process for large request bodies stopped; try again.")
 
@@ -444,7 +448,7 @@ class RequestBody:
                 return fail()
             if not digest:
                 return succeed(prepared)
-            return self.pool.digest(prepared.body).addCallback(lambda sha256: replace(prepared, body_sha256=sha256))
+            return self.pool.digest(prepared.body).addCallback(_with_digest, prepared)
         d = self.pool.run(
             "prepare", self.raw, model, tuple(rules.to_dict().items()), thread, drop_blocks, shown, PART_SIZE,
             tuple(form) if form else None, digest,

@@ -73,9 +73,14 @@ UNSIGNED = frozenset(
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+@lru_cache(maxsize=4)
+def _amz_date_of_second(second: int) -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
+
+
 def amz_date(seconds: float) -> str:
-    """The ``x-amz-date`` value of a Unix time: ``20261204T101500Z``."""
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(seconds))
+    """The ``x-amz-date`` value of a Unix time: ``20261204T101500Z`` (kept for the last seconds asked)."""
+    return _amz_date_of_second(int(seconds))
 
 
 def wire_host(scheme: str, netloc: str) -> str:
