@@ -33,19 +33,9 @@ from twisted_relay._json import to_json
 from twisted_relay.errors import ERROR_TYPES, sse_error_event
 
 __all__ = [
-    "CONTENT_TYPE",
-    "MAX_HEADERS_BYTES",
-    "MAX_HEADER_VALUE_BYTES",
-    "MAX_PAYLOAD_BYTES",
-    "PROMPT_TOO_LONG",
-    "USAGE_OF_METRIC",
-    "BedrockError",
-    "BedrockToSSE",
-    "EventStreamError",
-    "EventStreamToSSE",
-    "Frame",
-    "FrameDecoder",
-    "bedrock_error",
+    "CONTENT_TYPE", "MAX_HEADERS_BYTES", "MAX_HEADER_VALUE_BYTES", "MAX_PAYLOAD_BYTES", "PROMPT_TOO_LONG",
+    "USAGE_OF_METRIC", "BedrockError", "BedrockToSSE", "EventStreamError", "EventStreamToSSE", "Frame",
+    "FrameDecoder", "bedrock_error",
 ]
 
 #: The media type of an event-stream body.
@@ -121,7 +111,7 @@ class FrameDecoder:
 
     The bytes held are one buffer read at an offset: a read that completes
     no frame costs a look at the prelude, and the bytes taken are dropped
-    once per call (the tail kept is less than one frame), so a burst of
+    at the next call (the tail kept is less than one frame), so a burst of
     many frames or a frame spread over many reads costs time in proportion
     to its bytes.
 
@@ -218,11 +208,11 @@ class FrameDecoder:
                         % (_UINT32.unpack_from(buf, end - 4)[0], computed)
                     )
                 headers_end = position + _PRELUDE_BYTES + headers_length
-                # Bedrock's chunk frames all carry the same headers: read once.
                 header_bytes = buf[position + _PRELUDE_BYTES : headers_end]
                 if header_bytes != self._last_header_bytes:
+                    read = _kept_headers if headers_length <= _KEPT_HEADERS_BYTES else _parse_headers
                     self._last_header_bytes = bytes(header_bytes)
-                    self._last_headers = _read_headers(self._last_header_bytes, self.max_header_value_bytes)
+                    self._last_headers = read(self._last_header_bytes, self.max_header_value_bytes)
                 spans.append((self._last_headers, headers_end, end - 4))
                 position = end
         except EventStreamError as e:
@@ -253,19 +243,8 @@ class FrameDecoder:
         raise EventStreamError(why)
 
 
-def _read_headers(data: bytes, max_header_value_bytes: int) -> dict[str, Any]:
-    """
-    A frame's headers section, read (:class:`EventStreamError` for one that
-    is not well formed). A small one is kept, for every stream: Bedrock's
-    chunk frames all carry the same headers. The dict may be shared: read
-    it, never change it.
-    """
-    if len(data) <= _KEPT_HEADERS_BYTES:
-        return _kept_headers(data, max_header_value_bytes)
-    return _parse_headers(data, max_header_value_bytes)
-
-
 def _parse_headers(data: bytes, max_header_value_bytes: int) -> dict[str, Any]:
+    """A frame's headers section, read (:class:`EventStreamError` for one not well formed)."""
     headers: dict[str, Any] = {}
     n = len(data)
     i = 0
@@ -320,6 +299,8 @@ def _parse_headers(data: bytes, max_header_value_bytes: int) -> dict[str, Any]:
     return headers
 
 
+# Small headers sections, kept once read for every stream (Bedrock's chunk
+# frames all carry the same headers): the dict is shared, never changed.
 _kept_headers = lru_cache(maxsize=32)(_parse_headers)
 
 
@@ -505,22 +486,18 @@ class BedrockToSSE:
                     raw = a2b_base64(buf[first:close])
                 else:
                     raw = _event_json(bytes(buf[start:end]))
-                if raw[:_DELTA_FIRST_BYTES] == _DELTA_FIRST:
-                    # The commonest event, named without the pattern.
+                if raw[:_DELTA_FIRST_BYTES] == _DELTA_FIRST:  # the commonest, named without the pattern
                     name = _CONTENT_BLOCK_DELTA
                 else:
                     typed = _TYPE_FIRST.match(raw)
                     name = None if typed is None else typed[1]
-                    if name is None or name in _USAGE_EVENTS:
-                        self._parsed_chunk(raw, out)
-                        continue
-                # A line end (allowed between JSON's tokens) would end the
-                # SSE event early: such an event is written again. (find,
-                # not `in`: on Python 3.11 a bytes `in` costs an exception.)
-                if raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
+                # Parsed: the events read for the usage, and any whose JSON
+                # holds a line end (allowed between JSON's tokens, it would
+                # end the SSE event early; find, not `in`: on Python 3.11 a
+                # bytes `in` costs an exception). The rest pass on unparsed.
+                if name is None or name in _USAGE_EVENTS or raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
                     self._parsed_chunk(raw, out)
                     continue
-                # Any other event: passed on as Bedrock encoded it, unparsed.
                 if self._held is not None:
                     self._release(out)
                 out += (b"event: ", name, b"\ndata: ", raw, b"\n\n")
@@ -642,11 +619,6 @@ def _event_json(payload: bytes) -> bytes:
     encoded = chunk.get("bytes") if isinstance(chunk, dict) else None
     if not isinstance(encoded, str):
         raise _Malformed("a chunk's payload has no \"bytes\" text")
-    return _decoded(encoded)
-
-
-def _decoded(encoded: Any) -> bytes:
-    """A chunk's ``bytes``, base64-decoded."""
     try:
         return a2b_base64(encoded)
     except (BinasciiError, ValueError):
