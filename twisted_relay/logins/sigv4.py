@@ -253,9 +253,7 @@ class SigV4Signer:
         day = date[:8]
         scope = "%s/%s/%s/aws4_request" % (day, self.region, self.service)
         string_to_sign = "%s\n%s\n%s\n%s" % (ALGORITHM, date, scope, hashlib.sha256(canonical).hexdigest())
-        signature = hmac.new(
-            self.signing_key(secret_access_key, day), string_to_sign.encode("ascii"), hashlib.sha256
-        ).hexdigest()
+        signature = hmac.digest(self.signing_key(secret_access_key, day), string_to_sign.encode("ascii"), "sha256").hex()
         return b"%s Credential=%s/%s, SignedHeaders=%s, Signature=%s" % (
             ALGORITHM.encode("ascii"),
             access_key_id.encode("utf-8"),
