@@ -580,7 +580,7 @@ def wire_verdicts(results: dict, bedrock: str = "relay-bedrock", anthropic: str 
     for size, figures in sorted((results.get("sigv4") or {}).items() if signing else ()):
         add("SigV4 signing per request, %s body (in process)" % (_size(size),),
             "%.1f us on the reactor (signing %.1f, the body's SHA-256 %.1f %s; botocore %.1f)" % (
-                figures["reactor"], figures["signer"] - figures["sha256"], figures["sha256"],
+                figures["reactor"], figures["signing"], figures["sha256"],
                 "on a thread, its hand-over %.1f" % (figures["handover"],) if "handover" in figures
                 else "on the reactor", figures["botocore"]),
             "<= %g us" % (SIGV4_LIMIT_US,), figures["reactor"] <= SIGV4_LIMIT_US)
