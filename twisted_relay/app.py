@@ -58,6 +58,8 @@ from twisted_relay.relayed_request import (
     method_and_path,
 )
 from twisted_relay.routing import RetryRule, Router
+from twisted_relay.signin import authorization, browser
+from twisted_relay.signin.session import signin_for
 from twisted_relay.spend_guard import SpendGuard
 from twisted_relay.spend_routes import delete_route, effective_route, list_route, retrieve_route, set_route
 from twisted_relay.upstream import UpstreamClient, UpstreamClients
@@ -83,6 +85,9 @@ class RelayApp:
         (:class:`~twisted_relay.usage.UsageRecord`), or ``None``.
     :param bodies: where the work on large request bodies runs; a pool of
         one worker process (started when first needed) when ``None``.
+    :param signin: sign-in (:class:`~twisted_relay.signin.session.SignIn`);
+        made from ``config.signin`` (its store the ledger's database, if
+        any) when ``None``.
     :ivar requests: the requests in flight, and their draining
         (:class:`~twisted_relay.drain.InFlight`).
     :ivar starts: when each relayed request may start
@@ -90,6 +95,7 @@ class RelayApp:
     :ivar bodies: that pool (a service: stopping it stops the workers).
     :ivar spend: the spend limits (:class:`~twisted_relay.spend_guard.SpendGuard`,
         a service), or ``None`` without a ledger database.
+    :ivar signin: sign-in (a service: it reads the revocations), or ``None``.
     """
 
     app = Klein()
@@ -109,6 +115,7 @@ class RelayApp:
         router: Router | None = None,
         ledger=None,
         bodies: BodyPool | None = None,
+        signin=None,
     ):
         self.requests = InFlight(reactor)
         # Request starts spread over reactor turns (docs/architecture.md, "Request starts, paced").
@@ -126,6 +133,8 @@ class RelayApp:
             if hasattr(ledger, "on_database")
             else None
         )
+        # Sign-in's state is shared through the ledger's database when there is one.
+        self.signin = signin if signin is not None or config.signin is None else signin_for(config.signin, ledger, reactor)
         # What every request is handed; a reload makes a new one.
         self._context = RequestContext(
             config=config,
@@ -146,6 +155,7 @@ class RelayApp:
             batch=self.batch,
             bodies=self.bodies,
             spend=self.spend,
+            signin=self.signin,
         )
         self.metrics.know_models(config.prices.models)
         # Read when scraped: no work per request.
@@ -296,6 +306,43 @@ class RelayApp:
             return error_answer(
                 request, RelayError(503, "The spend limits' database cannot be used now: %s" % (e,), error_type="api_error")
             )
+
+    # -- sign-in (docs/signin.md): each route is its module's ---------------
+
+    @app.route("/.well-known/oauth-authorization-server", methods=["GET"])
+    def signin_metadata(self, request):
+        return self._signin(request, authorization.metadata_route)
+
+    @app.route("/oauth/device_authorization", methods=["POST"])
+    def signin_device_authorization(self, request):
+        return self._signin(request, authorization.device_authorization_route)
+
+    @app.route("/oauth/token", methods=["POST"])
+    def signin_token(self, request):
+        return self._signin(request, authorization.token_route)
+
+    @app.route("/oauth/revoke", methods=["POST"])
+    def signin_revoke(self, request):
+        return self._signin(request, authorization.revoke_route)
+
+    @app.route("/device", methods=["GET"])
+    def signin_device_page(self, request):
+        return self._signin(request, browser.device_page_route)
+
+    @app.route("/device", methods=["POST"])
+    def signin_device_submit(self, request):
+        return self._signin(request, browser.device_submit_route)
+
+    @app.route("/oauth/callback", methods=["GET"])
+    def signin_callback(self, request):
+        return self._signin(request, browser.callback_route)
+
+    async def _signin(self, request, route):
+        stamp_request_id(request)
+        signin = self._context.signin
+        if signin is None:
+            raise NotFound()
+        return await route(signin, request)
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):

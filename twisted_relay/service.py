@@ -462,6 +462,9 @@ class Relay:
         if self.app.spend is not None:
             # Reads the spend limits every refresh interval; started after the ledger, stopped before it.
             self.app.spend.setServiceParent(self.service)
+        if self.app.signin is not None:
+            # Reads the revocations every revocation_poll seconds; started after the ledger, stopped before it.
+            self.app.signin.setServiceParent(self.service)
         if config.simulate:
             _SimulatedUpstreamService(
                 reactor, self.client, config.simulate, dict(config.simulate_options), self._cloud

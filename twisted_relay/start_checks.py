@@ -187,6 +187,8 @@ def start_checks_for(config: RelayConfig, reactor=None, *, logins: bool = True) 
                 (OSError,),
             )
         )
+    if config.signin is not None and config.workers > 1 and config.usage_db is None:
+        checks.append(StartCheck("cannot sign in with --workers", _signin_needs_a_database, (ValueError,)))
     if config.simulate == "bedrock":
         # The simulated Bedrock checks each signature with botocore, as AWS would.
         from twisted_relay.logins.aws import require_botocore
@@ -218,3 +220,8 @@ def login_gets_credentials(upstream, reactor) -> None:
         text = str(e)
         raise LoginError(text[len(where):] if text.startswith(where) else text) from None
     login.check()
+
+
+def _signin_needs_a_database() -> None:
+    """Worker processes share sign-ins (grants, refresh tokens, revocations) through the ledger's database only."""
+    raise ValueError("the worker processes share sign-ins through the usage ledger's database: give --usage-db")

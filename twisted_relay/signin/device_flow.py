@@ -31,6 +31,7 @@ __all__ = [
     "SLOW_DOWN_STEP",
     "USER_CODE_ALPHABET",
     "BrowserLogin",
+    "RateLimit",
     "DeviceGrant",
     "digest",
     "new_grant",
@@ -156,3 +157,31 @@ def poll(grant: DeviceGrant, now: float) -> tuple[str, DeviceGrant | None]:
     if grant.status == APPROVED:
         return APPROVED, None
     return "authorization_pending", replace(grant, last_poll=now)
+
+
+class RateLimit:
+    """
+    At most ``most`` attempts per address in each ``window`` seconds (a
+    fixed window per address). Holds at most ``addresses`` addresses: past
+    that, those whose window has ended are forgotten, then all.
+    """
+
+    def __init__(self, most: int, window: float, addresses: int = 10_000):
+        self.most = most
+        self.window = window
+        self._addresses = addresses
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def allow(self, address: str, now: float) -> bool:
+        """Count an attempt from ``address``; whether it is let through."""
+        start, count = self._seen.get(address, (now, 0))
+        if now - start >= self.window:
+            start, count = now, 0
+        if count >= self.most:
+            return False
+        if address not in self._seen and len(self._seen) >= self._addresses:
+            self._seen = {a: seen for a, seen in self._seen.items() if now - seen[0] < self.window}
+            if len(self._seen) >= self._addresses:
+                self._seen.clear()
+        self._seen[address] = (start, count + 1)
+        return True
