@@ -178,6 +178,10 @@ class SimulatedIdP:
 
     :ivar requests: how many requests each endpoint answered
         (``discovery``, ``jwks``, ``authorize``, ``token``, ``userinfo``).
+    :ivar auto_sign_in: the email of a user the browser is already signed
+        in as (an IdP session): ``/authorize`` then sends it straight back
+        with a code, no page, unless ``prompt=login`` (scripted tests, the
+        demo); ``None``: the page every time.
     :ivar id_token_edit: a test's fault: called with copies of each ID
         token's header and claims, which it may change in place; it returns
         ``None`` to have them signed with the provider's key, or the compact
@@ -208,6 +212,7 @@ class SimulatedIdP:
         self._refresh: dict[str, _Grant] = {}
         self.requests: Counter = Counter()
         self.id_token_edit: Callable[[dict, dict], str | None] | None = None
+        self.auto_sign_in: str | None = None
 
     @property
     def reactor(self) -> IReactorTime:
@@ -348,7 +353,10 @@ class SimulatedIdP:
             return back("invalid_request", "code_challenge_method must be S256.")
         if not 43 <= len(challenge) <= 128:
             return back("invalid_request", "code_challenge is malformed.")
-        if query.get("prompt") == "none":
+        session = self.user(self.auto_sign_in or "")
+        if session is not None and not session.enabled:
+            session = None
+        if query.get("prompt") == "none" and session is None:
             return back("login_required", "The user must sign in.")
         now = self.now()
         _forget_expired(self._pending, now)
@@ -357,11 +365,14 @@ class SimulatedIdP:
             client.client_id, redirect_uri, state, query.get("nonce"), challenge, scope,
             query.get("login_hint", ""), now + PAGE_LIFETIME,
         )
+        if session is not None and query.get("prompt") != "login":
+            return "", self.finish_authorization({"request": request_id, "email": session.email})
         return request_id, None
 
     def finish_authorization(self, form: dict[str, str]) -> str:
         """
-        The user picked on the page: the redirect URL back to the client.
+        The user picked on the page (form fields ``request``, ``email``,
+        ``action``): the redirect URL back to the client.
 
         :raises _Refused: an unknown or expired page, an unknown or disabled user.
         """
