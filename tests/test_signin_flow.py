@@ -53,6 +53,19 @@ def session() -> requests.Session:
     return s
 
 
+class _RecordingSite(Site):
+    """A site that keeps the credentials of every request it gets (what the upstream was sent)."""
+
+    def __init__(self, resource):
+        super().__init__(resource)
+        self.credentials: list[bytes] = []
+
+    def getResourceFor(self, request):
+        for name in (b"authorization", b"x-api-key"):
+            self.credentials.extend(request.requestHeaders.getRawHeaders(name, []))
+        return super().getResourceFor(request)
+
+
 class _World:
     """The identity provider, the upstream, and relays sharing one ledger file, all on 127.0.0.1."""
 
@@ -63,7 +76,8 @@ class _World:
         testcase.addCleanup(idp_port.stopListening)
         self.issuer = "http://127.0.0.1:%d" % (idp_port.getHost().port,)
         self.idp.issuer = self.issuer
-        upstream = reactor.listenTCP(0, Site(SimulatedUpstream(mode="lenient").resource()), interface="127.0.0.1")
+        self.upstream = _RecordingSite(SimulatedUpstream(mode="lenient").resource())
+        upstream = reactor.listenTCP(0, self.upstream, interface="127.0.0.1")
         testcase.addCleanup(upstream.stopListening)
         self.upstream_url = "http://127.0.0.1:%d" % (upstream.getHost().port,)
         folder = testcase.mktemp()
@@ -75,7 +89,7 @@ class _World:
         globalLogPublisher.addObserver(observer)
         testcase.addCleanup(globalLogPublisher.removeObserver, observer)
 
-    def relay(self, **signin) -> str:
+    def relay(self, relay_keys=(CI_KEY,), upstream_key: str | None = "sk-upstream", **signin) -> str:
         """A relay on the shared ledger, all of them behind one public URL (the first's); its own URL."""
         port = free_port()
         url = "http://127.0.0.1:%d" % (port,)
@@ -90,8 +104,8 @@ class _World:
         )
         settings.update(signin)
         config = RelayConfig(
-            listen=("tcp:%d:interface=127.0.0.1" % (port,),), upstreams=one_upstream(self.upstream_url, "sk-upstream"),
-            dump_dir=None, usage_db=self.ledger_path, usage_flush_interval=0.05, relay_keys=(CI_KEY,),
+            listen=("tcp:%d:interface=127.0.0.1" % (port,),), upstreams=one_upstream(self.upstream_url, upstream_key),
+            dump_dir=None, usage_db=self.ledger_path, usage_flush_interval=0.05, relay_keys=relay_keys,
             signin=SignInConfig(**settings),
         )
         relay = Relay(config, reactor)
@@ -208,6 +222,8 @@ class SignInFlowTests(TestCase):
         reply = await world.message(relay, tokens["access_token"])
         self.assertEqual(reply.status_code, 200, reply.text)
         self.assertEqual(await world.ledger_rows(1), [("alice@example.com", "platform")])
+        # The session token stays with the relay: the upstream gets the relay's own key.
+        self.assertEqual(world.upstream.credentials, [b"sk-upstream"])
         # A relay key still works beside sign-in; nothing at all does not.
         keyed = await world.message(relay, CI_KEY.key)
         self.assertEqual(keyed.status_code, 200, keyed.text)
@@ -240,6 +256,17 @@ class SignInFlowTests(TestCase):
         for secret in (tokens["access_token"], tokens["refresh_token"], fresh["access_token"], fresh["refresh_token"],
                        grant["device_code"], SECRET, CLIENT_SECRET):
             self.assertNotIn(secret, logged)
+
+    async def test_session_token_never_goes_upstream(self):
+        """Not even from a relay without relay keys whose upstream takes the clients' own credentials."""
+        world = _World(self)
+        relay = world.relay(relay_keys=(), upstream_key=None)
+        tokens = await world.signed_in(relay, "alice@example.com")
+        self.assertEqual((await world.message(relay, tokens["access_token"])).status_code, 200)
+        self.assertEqual(world.upstream.credentials, [])
+        # Sign-in on: a relay without relay keys is no longer open to anyone.
+        bare = await world.message(relay, "sk-ant-someone-elses-key")
+        self.assertEqual((bare.status_code, bare.headers["x-should-retry"]), (401, "false"))
 
     async def test_leaver_refused_at_refresh(self):
         """A person the identity provider disabled cannot refresh: 401 ``invalid_grant`` (sign in again)."""
