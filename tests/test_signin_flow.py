@@ -35,6 +35,7 @@ from twisted_relay.signin.config import SignInConfig
 from twisted_relay.simulated import SimulatedUpstream
 from twisted_relay.simulated.idp import IdPClient, IdPUser, SimulatedIdP
 
+from tests import postgres_server
 from tests.helpers import free_port
 
 SECRET = "a-session-secret-of-forty-characters-xx"
@@ -69,7 +70,7 @@ class _RecordingSite(Site):
 class _World:
     """The identity provider, the upstream, and relays sharing one ledger file, all on 127.0.0.1."""
 
-    def __init__(self, testcase: TestCase):
+    def __init__(self, testcase: TestCase, database: str | None = None):
         self.testcase = testcase
         self.idp = SimulatedIdP(reactor, users=(ALICE, BOB, CAROL))
         idp_port = reactor.listenTCP(0, Site(self.idp.resource()), interface="127.0.0.1")
@@ -83,6 +84,7 @@ class _World:
         folder = testcase.mktemp()
         os.makedirs(folder)
         self.ledger_path = os.path.join(folder, "usage.sqlite")
+        self.database = database or self.ledger_path
         self.public_url = None
         self.logged: list[str] = []
         observer = lambda event: self.logged.append(repr(event))  # noqa: E731
@@ -105,7 +107,7 @@ class _World:
         settings.update(signin)
         config = RelayConfig(
             listen=("tcp:%d:interface=127.0.0.1" % (port,),), upstreams=one_upstream(self.upstream_url, upstream_key),
-            dump_dir=None, usage_db=self.ledger_path, usage_flush_interval=0.05, relay_keys=relay_keys,
+            dump_dir=None, usage_db=self.database, usage_flush_interval=0.05, relay_keys=relay_keys,
             signin=SignInConfig(**settings),
         )
         relay = Relay(config, reactor)
@@ -333,8 +335,11 @@ class TwoRelaysTests(TestCase):
 
     timeout = 60
 
+    def world(self) -> _World:
+        return _World(self)
+
     async def test_minted_on_one_revoked_on_both(self):
-        world = _World(self)
+        world = self.world()
         first = world.relay()
         second = world.relay()
         tokens = await world.signed_in(first, "alice@example.com")
@@ -356,3 +361,12 @@ class TwoRelaysTests(TestCase):
             await deferLater(reactor, 0.1, lambda: None)
         self.assertEqual((refused.status_code, refused.headers["x-should-retry"]), (401, "false"))
         self.assertLess(time.monotonic() - at, 1.5)
+
+
+class TwoRelaysOnPostgresTests(TwoRelaysTests):
+    """The same two relays on a real PostgreSQL ledger."""
+
+    skip = postgres_server.SKIP_REASON
+
+    def world(self) -> _World:
+        return _World(self, postgres_server.shared_server().new_database())
