@@ -319,6 +319,20 @@ class SignInFlowTests(TestCase):
         pending = await world.poll(relay, grant["device_code"])
         self.assertEqual(pending.json()["error"], "authorization_pending")
 
+    async def test_verification_page_guarded(self):
+        """A code form posted from another site is refused; ten codes tried from one address, then 429."""
+        world = _World(self)
+        relay = world.relay()
+        grant = await world.device_authorization(relay)
+        forged = await world.call("POST", relay + "/device", data={"user_code": grant["user_code"]},
+                                  headers={"Origin": "https://attacker.example"}, allow_redirects=False)
+        self.assertEqual(forged.status_code, 403)
+        statuses = []
+        for _ in range(11):
+            tried = await world.call("POST", relay + "/device", data={"user_code": "BBBB-BBBB"}, allow_redirects=False)
+            statuses.append(tried.status_code)
+        self.assertEqual(statuses, [400] * 10 + [429])
+
     async def test_device_authorization_body(self):
         """Only ``surface=claude_code``: a client_id or another surface is refused with OAuth's error shape."""
         world = _World(self)

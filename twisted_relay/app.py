@@ -18,6 +18,7 @@ Anthropic-shaped; errors the upstream raises pass through untouched.
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import replace
 
@@ -58,8 +59,6 @@ from twisted_relay.relayed_request import (
     method_and_path,
 )
 from twisted_relay.routing import RetryRule, Router
-from twisted_relay.signin import authorization, browser
-from twisted_relay.signin.session import signin_for
 from twisted_relay.spend_guard import SpendGuard
 from twisted_relay.spend_routes import delete_route, effective_route, list_route, retrieve_route, set_route
 from twisted_relay.upstream import UpstreamClient, UpstreamClients
@@ -133,8 +132,13 @@ class RelayApp:
             if hasattr(ledger, "on_database")
             else None
         )
-        # Sign-in's state is shared through the ledger's database when there is one.
-        self.signin = signin if signin is not None or config.signin is None else signin_for(config.signin, ledger, reactor)
+        self.signin = signin
+        if signin is None and config.signin is not None:
+            # Imported only when on: it needs the [signin] extra. Its state is
+            # shared through the ledger's database when there is one.
+            from twisted_relay.signin.session import signin_for
+
+            self.signin = signin_for(config.signin, ledger, reactor)
         # What every request is handed; a reload makes a new one.
         self._context = RequestContext(
             config=config,
@@ -311,38 +315,39 @@ class RelayApp:
 
     @app.route("/.well-known/oauth-authorization-server", methods=["GET"])
     def signin_metadata(self, request):
-        return self._signin(request, authorization.metadata_route)
+        return self._signin(request, "authorization", "metadata_route")
 
     @app.route("/oauth/device_authorization", methods=["POST"])
     def signin_device_authorization(self, request):
-        return self._signin(request, authorization.device_authorization_route)
+        return self._signin(request, "authorization", "device_authorization_route")
 
     @app.route("/oauth/token", methods=["POST"])
     def signin_token(self, request):
-        return self._signin(request, authorization.token_route)
+        return self._signin(request, "authorization", "token_route")
 
     @app.route("/oauth/revoke", methods=["POST"])
     def signin_revoke(self, request):
-        return self._signin(request, authorization.revoke_route)
+        return self._signin(request, "authorization", "revoke_route")
 
     @app.route("/device", methods=["GET"])
     def signin_device_page(self, request):
-        return self._signin(request, browser.device_page_route)
+        return self._signin(request, "browser", "device_page_route")
 
     @app.route("/device", methods=["POST"])
     def signin_device_submit(self, request):
-        return self._signin(request, browser.device_submit_route)
+        return self._signin(request, "browser", "device_submit_route")
 
     @app.route("/oauth/callback", methods=["GET"])
     def signin_callback(self, request):
-        return self._signin(request, browser.callback_route)
+        return self._signin(request, "browser", "callback_route")
 
-    async def _signin(self, request, route):
+    async def _signin(self, request, module: str, route: str):
         stamp_request_id(request)
         signin = self._context.signin
         if signin is None:
             raise NotFound()
-        return await route(signin, request)
+        routes = importlib.import_module("twisted_relay.signin." + module)
+        return await getattr(routes, route)(signin, request)
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):
