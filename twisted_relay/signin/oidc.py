@@ -41,7 +41,7 @@ from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from joserfc import errors as jose_errors
 from joserfc import jwk, jwt
 from treq.client import HTTPClient
-from twisted.internet.defer import CancelledError, Deferred, DeferredLock, TimeoutError
+from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import Agent
 
@@ -427,15 +427,26 @@ class OIDCProvider:
     async def _exchange(self, method: str, url: str, what: str, **kwargs: Any) -> tuple[int, bytes]:
         """One request and its whole answer: ``(status, body)``, within :attr:`timeout`."""
         exchange = Deferred.fromCoroutine(self._send(method, url, **kwargs))
-        exchange.addTimeout(self.timeout, self._clock)
+        # A cancelled request fails with treq's own wrapping of the
+        # cancellation, so the timeout is known by this flag, not the error.
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            exchange.cancel()
+
+        deadline = self._clock.callLater(self.timeout, expire)
         try:
             return await exchange
-        except (TimeoutError, CancelledError):
-            raise IdPUnavailable("the identity provider's %s did not answer within %g s" % (what, self.timeout))
-        except IdPError:
-            raise
         except Exception as failure:
+            if expired:
+                raise IdPUnavailable("the identity provider's %s did not answer within %g s" % (what, self.timeout))
+            if isinstance(failure, IdPError):
+                raise
             raise IdPUnavailable("the identity provider's %s could not be reached (%s)" % (what, _reason(failure)))
+        finally:
+            if deadline.active():
+                deadline.cancel()
 
     async def _send(self, method: str, url: str, **kwargs: Any) -> tuple[int, bytes]:
         response = await self._http.request(method, url, allow_redirects=False, **kwargs)
@@ -493,5 +504,5 @@ def _reason(failure: Exception) -> str:
     """An exception in a few words; treq's ``ResponseFailed`` names the reasons it holds."""
     reasons = getattr(failure, "reasons", None)
     if reasons:
-        return ", ".join(_short(reason.value, 60) for reason in reasons)
-    return "%s: %s" % (type(failure).__name__, _short(failure, 80)) if str(failure) else type(failure).__name__
+        return ", ".join(_reason(reason.value) for reason in reasons)
+    return _short(failure, 80) or type(failure).__name__
