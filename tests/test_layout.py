@@ -40,6 +40,7 @@ LAYERS = (
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream", "logins", "wires")),
     ("streaming", ("sse",)),
     ("records", ("dumps", "metrics", "spend_limits_sql", "spend_shares_sql", "ledger_rows", "ledger_sql", "ledger")),
+    ("sign-in", ("signin",)),
     ("the request path", ("drain", "pacing", "batch", "answer", "attempts", "relayed_request", "app", "site", "admin", "spend_guard", "spend_routes")),
     ("tools", ("replay", "demo", "simulated", "ledger_report")),
     ("the process", ("gctuning", "start_checks", "service", "workers", "worker_process", "tap")),

@@ -237,7 +237,8 @@ class OIDCProvider:
             if not isinstance(data, dict) or data.get("use", "sig") != "sig" or data.get("kty") == "oct":
                 continue
             try:
-                keys.append(jwk.import_key(data))
+                # one key at a time, so that one odd key does not lose the others
+                keys.extend(jwk.KeySet.import_key_set({"keys": [data]}).keys)
             except (jose_errors.JoseError, ValueError, TypeError):
                 continue  # a key of a kind joserfc cannot use is not one we verify with
         if not keys:
@@ -387,12 +388,9 @@ class OIDCProvider:
             registry.validate(claims)
         except jose_errors.ExpiredTokenError:
             raise IdPError("the ID token has expired")
-        except jose_errors.MissingClaimError as failure:
-            raise IdPError("the ID token has no %s claim" % _short(failure.claim))
-        except jose_errors.InvalidClaimError as failure:
-            raise IdPError("the ID token's %s claim is wrong" % _short(failure.claim))
         except jose_errors.JoseError as failure:
-            raise IdPError("the ID token's claims are wrong (%s)" % type(failure).__name__)
+            # joserfc's description names the claim: 'Invalid claim: "iss"', 'Missing claim: "sub"'
+            raise IdPError("the ID token's claims are refused (%s)" % _short(failure.description or type(failure).__name__))
         self._check_audience(claims)
         if nonce is not None:
             presented = claims.get("nonce")
