@@ -174,6 +174,8 @@ class RelyingPartyTests(TestCase):
         later = Clock()
         later.advance(time.time() + ID_TOKEN_LIFETIME + 90)
         self.assertIn("expired", await self.refused(self.provider(clock=later)))
+        self.idp.id_token_edit = lambda header, claims: claims.pop("exp") and None
+        self.assertIn("exp", await self.refused(self.provider()), "a token without exp never expires: refused")
 
     async def test_tampered_signature(self) -> None:
         """A changed signature, or claims changed after signing, do not verify."""
