@@ -231,10 +231,13 @@ class RelyingPartyTests(TestCase):
         provider = self.provider()
         answer = await self.sign_in(provider)
         self.idp.update_user(ADA.email, groups=["eng", "leads"])
-        refreshed = await provider.refresh(answer.refresh_token)
+        refreshed = await provider.refresh(answer.refresh_token, expected_sub=ADA.sub)
         self.assertEqual(refreshed.claims["groups"], ["eng", "leads"])
         self.assertEqual(refreshed.claims["sub"], ADA.sub)
         self.assertTrue(refreshed.refresh_token)
+        with self.assertRaises(IdPError) as caught:
+            await provider.refresh(refreshed.refresh_token, expected_sub="sub-of-someone-else")
+        self.assertIn("another subject", str(caught.exception))
         self.idp.disable_user(ADA.email)
         with self.assertRaises(IdPRefused) as caught:
             await provider.refresh(refreshed.refresh_token)

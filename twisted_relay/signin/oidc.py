@@ -125,7 +125,9 @@ class OIDCProvider:
     :param scopes: the scopes asked for (``openid`` is added when missing).
     :param redirect_uri: where the provider sends the browser back (the
         relay's callback), as registered there.
-    :param http: the treq client to use; one over a plain ``Agent`` when ``None``.
+    :param http: the treq client to use; ``None``: one over a plain ``Agent``
+        on the global reactor (no connection kept between exchanges: the
+        provider is asked at sign-in and refresh only).
     :param clock: what times are judged by and timeouts run on; the global
         reactor when ``None``.
     :param auth_method: ``client_secret_post`` or ``client_secret_basic``;
@@ -151,8 +153,10 @@ class OIDCProvider:
     ):
         if auth_method is not None and auth_method not in AUTH_METHODS:
             raise ValueError("auth_method must be one of %s" % ", ".join(AUTH_METHODS))
+        from twisted.internet import reactor
+
         if clock is None:
-            from twisted.internet import reactor as clock  # type: ignore[assignment]
+            clock = reactor  # type: ignore[assignment]
         self.issuer = issuer
         self.client_id = client_id
         self._client_secret = client_secret
@@ -160,7 +164,7 @@ class OIDCProvider:
         self.scopes = tuple(scopes if "openid" in scopes else ["openid"] + scopes)
         self.redirect_uri = redirect_uri
         self._clock = clock
-        self._http = http if http is not None else HTTPClient(Agent(clock))  # type: ignore[arg-type]
+        self._http = http if http is not None else HTTPClient(Agent(reactor))  # type: ignore[arg-type]
         self._auth_method = auth_method
         self.timeout = timeout
         self.leeway = leeway
@@ -182,8 +186,9 @@ class OIDCProvider:
 
     async def discover(self) -> dict:
         """
-        The provider's discovery document, read once an hour at most; a
-        failed re-read keeps the one read before.
+        The provider's discovery document, read once an hour at most; when
+        a re-read fails the one read before is kept (and the read tried
+        again a minute later).
 
         :raises IdPError: it could not be read, or it is not this issuer's.
         """
@@ -196,6 +201,8 @@ class OIDCProvider:
             except IdPUnavailable:
                 if self._metadata is None:
                     raise
+                # try again in a minute, not on every sign-in while it is down
+                self._metadata_at = now - METADATA_LIFETIME + JWKS_REFETCH_INTERVAL
                 return self._metadata
             self._metadata, self._metadata_at = metadata, now
             return metadata
@@ -288,11 +295,14 @@ class OIDCProvider:
         refresh_token = answer.get("refresh_token")
         return IdPAnswer(claims, refresh_token if isinstance(refresh_token, str) else None)
 
-    async def refresh(self, refresh_token: str) -> IdPAnswer:
+    async def refresh(self, refresh_token: str, *, expected_sub: str | None = None) -> IdPAnswer:
         """
         Ask the provider again about the person, with their refresh token:
         it re-checks them (a disabled user is refused) and tells their
         groups as they are now.
+
+        :param expected_sub: the ``sub`` the person signed in as: an answer
+            about anyone else is refused (OpenID Connect Core 12.2).
 
         :raises IdPRefused: ``invalid_grant``: sign in again.
         :raises IdPUnavailable: it could not be asked.
@@ -305,6 +315,8 @@ class OIDCProvider:
             claims = await self._verified_claims(id_token, None)
         else:
             claims = await self._userinfo(answer.get("access_token"))
+        if expected_sub is not None and claims.get("sub") != expected_sub:
+            raise IdPError("the identity provider's refresh answered for another subject")
         renewed = answer.get("refresh_token")
         return IdPAnswer(claims, renewed if isinstance(renewed, str) else refresh_token)
 
