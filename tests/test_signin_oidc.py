@@ -265,6 +265,20 @@ class RelyingPartyTests(TestCase):
         for secret in ("code-that-is-not-real", "verifier-that-is-secret", SECRET):
             self.assertNotIn(secret, message)
 
+    async def test_discovery_kept_while_the_provider_is_down(self) -> None:
+        """The discovery document is read again after an hour; when that fails the old one is kept."""
+        clock = Clock()
+        clock.advance(time.time())
+        provider = self.provider(clock=clock)
+        first = await provider.discover()
+        clock.advance(3601)
+        await provider.discover()
+        self.assertEqual(self.idp.requests["discovery"], 2)
+        self.patch(self.idp, "discovery", lambda issuer: 1 / 0)  # the provider fails: a 500
+        clock.advance(3601)
+        self.assertEqual(await provider.discover(), first)
+        self.flushLoggedErrors(ZeroDivisionError)
+
     async def test_unreachable(self) -> None:
         """No provider listening: IdPUnavailable, one line."""
         port = reactor.listenTCP(0, Site(Resource()), interface="127.0.0.1")
