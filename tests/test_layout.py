@@ -32,7 +32,7 @@ LAYERS = (
     ("Twisted's internals", ("_twisted",)),
     (
         "pure values and rules",
-        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage", "prices", "metering", "relay_keys", "usage_page", "spend_limits", "body_form", "platforms", "openai", "sse_events", "signin", "signin.person", "signin.config", "signin.tokens", "signin.people", "signin.device_flow"),
+        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage", "prices", "metering", "relay_keys", "usage_page", "spend_limits", "body_form", "platforms", "openai", "sse_events", "signin.person", "signin.config", "signin.tokens", "signin.people", "signin.device_flow"),
     ),
     ("message threads", ("message_threads",)),
     ("whole-body work", ("body_work", "body_worker", "body_pool")),
@@ -40,7 +40,8 @@ LAYERS = (
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream", "logins", "wires")),
     ("streaming", ("sse",)),
     ("records", ("dumps", "metrics", "spend_limits_sql", "spend_shares_sql", "signin_sql", "ledger_rows", "ledger_sql", "ledger")),
-    ("the request path", ("drain", "pacing", "batch", "answer", "attempts", "relayed_request", "app", "site", "admin", "spend_guard", "spend_routes", "signin.oidc", "signin.store", "signin.session", "signin.authorization", "signin.browser")),
+    ("sign-in", ("signin",)),
+    ("the request path", ("drain", "pacing", "batch", "answer", "attempts", "relayed_request", "app", "site", "admin", "spend_guard", "spend_routes")),
     ("tools", ("replay", "demo", "simulated", "ledger_report")),
     ("the process", ("gctuning", "start_checks", "service", "workers", "worker_process", "tap")),
 )

@@ -226,19 +226,19 @@ async def _refresh_grant(signin, request, form) -> bytes:
         raise OAuthError(401, "invalid_grant", "The refresh token is not valid (used, revoked or expired); sign in again.")
     identity, sealed = kept
     try:
-        answer = await signin.provider.refresh(signin.tokens.unseal(sealed))
+        answer = await signin.provider.refresh(signin.tokens.unseal(sealed), expected_sub=identity["sub"])
     except (IdPRefused, SessionTokenError):
         await store.delete_refresh(old_hash)
         raise OAuthError(401, "invalid_grant", "The identity provider no longer accepts this session; sign in again.")
     except IdPError as e:
         _log.warn("Sign-in: a refresh could not ask the identity provider: {reason}", reason=str(e))
         raise OAuthError(503, "temporarily_unavailable", "The identity provider cannot be asked now; try again.")
-    if answer.claims.get("sub") is not None:
-        fresh = identity_of(answer.claims, signin.config)
-        if isinstance(fresh, Refusal) or fresh["sub"] != identity["sub"]:
-            await store.delete_refresh(old_hash)
-            raise OAuthError(401, "invalid_grant", "The identity provider's answer does not allow this session; sign in again.")
-        identity = fresh
+    # The person as the provider sees them now (their groups may have changed).
+    fresh = identity_of(answer.claims, signin.config)
+    if isinstance(fresh, Refusal):
+        await store.delete_refresh(old_hash)
+        raise OAuthError(401, "invalid_grant", fresh.reason + " Sign in again.")
+    identity = fresh
     person = person_of(identity, signin.config)
     if isinstance(person, Refusal):
         await store.delete_refresh(old_hash)

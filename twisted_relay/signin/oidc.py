@@ -41,7 +41,7 @@ from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from joserfc import errors as jose_errors
 from joserfc import jwk, jwt
 from treq.client import HTTPClient
-from twisted.internet.defer import CancelledError, Deferred, DeferredLock, TimeoutError
+from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import Agent
 
@@ -125,7 +125,9 @@ class OIDCProvider:
     :param scopes: the scopes asked for (``openid`` is added when missing).
     :param redirect_uri: where the provider sends the browser back (the
         relay's callback), as registered there.
-    :param http: the treq client to use; one over a plain ``Agent`` when ``None``.
+    :param http: the treq client to use; ``None``: one over a plain ``Agent``
+        on the global reactor (no connection kept between exchanges: the
+        provider is asked at sign-in and refresh only).
     :param clock: what times are judged by and timeouts run on; the global
         reactor when ``None``.
     :param auth_method: ``client_secret_post`` or ``client_secret_basic``;
@@ -151,8 +153,10 @@ class OIDCProvider:
     ):
         if auth_method is not None and auth_method not in AUTH_METHODS:
             raise ValueError("auth_method must be one of %s" % ", ".join(AUTH_METHODS))
+        from twisted.internet import reactor
+
         if clock is None:
-            from twisted.internet import reactor as clock  # type: ignore[assignment]
+            clock = reactor  # type: ignore[assignment]
         self.issuer = issuer
         self.client_id = client_id
         self._client_secret = client_secret
@@ -160,7 +164,7 @@ class OIDCProvider:
         self.scopes = tuple(scopes if "openid" in scopes else ["openid"] + scopes)
         self.redirect_uri = redirect_uri
         self._clock = clock
-        self._http = http if http is not None else HTTPClient(Agent(clock))  # type: ignore[arg-type]
+        self._http = http if http is not None else HTTPClient(Agent(reactor))  # type: ignore[arg-type]
         self._auth_method = auth_method
         self.timeout = timeout
         self.leeway = leeway
@@ -182,8 +186,9 @@ class OIDCProvider:
 
     async def discover(self) -> dict:
         """
-        The provider's discovery document, read once an hour at most; a
-        failed re-read keeps the one read before.
+        The provider's discovery document, read once an hour at most; when
+        a re-read fails the one read before is kept (and the read tried
+        again a minute later).
 
         :raises IdPError: it could not be read, or it is not this issuer's.
         """
@@ -196,6 +201,8 @@ class OIDCProvider:
             except IdPUnavailable:
                 if self._metadata is None:
                     raise
+                # try again in a minute, not on every sign-in while it is down
+                self._metadata_at = now - METADATA_LIFETIME + JWKS_REFETCH_INTERVAL
                 return self._metadata
             self._metadata, self._metadata_at = metadata, now
             return metadata
@@ -237,7 +244,8 @@ class OIDCProvider:
             if not isinstance(data, dict) or data.get("use", "sig") != "sig" or data.get("kty") == "oct":
                 continue
             try:
-                keys.append(jwk.import_key(data))
+                # one key at a time, so that one odd key does not lose the others
+                keys.extend(jwk.KeySet.import_key_set({"keys": [data]}).keys)
             except (jose_errors.JoseError, ValueError, TypeError):
                 continue  # a key of a kind joserfc cannot use is not one we verify with
         if not keys:
@@ -287,11 +295,14 @@ class OIDCProvider:
         refresh_token = answer.get("refresh_token")
         return IdPAnswer(claims, refresh_token if isinstance(refresh_token, str) else None)
 
-    async def refresh(self, refresh_token: str) -> IdPAnswer:
+    async def refresh(self, refresh_token: str, *, expected_sub: str | None = None) -> IdPAnswer:
         """
         Ask the provider again about the person, with their refresh token:
         it re-checks them (a disabled user is refused) and tells their
         groups as they are now.
+
+        :param expected_sub: the ``sub`` the person signed in as: an answer
+            about anyone else is refused (OpenID Connect Core 12.2).
 
         :raises IdPRefused: ``invalid_grant``: sign in again.
         :raises IdPUnavailable: it could not be asked.
@@ -304,6 +315,8 @@ class OIDCProvider:
             claims = await self._verified_claims(id_token, None)
         else:
             claims = await self._userinfo(answer.get("access_token"))
+        if expected_sub is not None and claims.get("sub") != expected_sub:
+            raise IdPError("the identity provider's refresh answered for another subject")
         renewed = answer.get("refresh_token")
         return IdPAnswer(claims, renewed if isinstance(renewed, str) else refresh_token)
 
@@ -387,12 +400,9 @@ class OIDCProvider:
             registry.validate(claims)
         except jose_errors.ExpiredTokenError:
             raise IdPError("the ID token has expired")
-        except jose_errors.MissingClaimError as failure:
-            raise IdPError("the ID token has no %s claim" % _short(failure.claim))
-        except jose_errors.InvalidClaimError as failure:
-            raise IdPError("the ID token's %s claim is wrong" % _short(failure.claim))
         except jose_errors.JoseError as failure:
-            raise IdPError("the ID token's claims are wrong (%s)" % type(failure).__name__)
+            # joserfc's description names the claim: 'Invalid claim: "iss"', 'Missing claim: "sub"'
+            raise IdPError("the ID token's claims are refused (%s)" % _short(failure.description or type(failure).__name__))
         self._check_audience(claims)
         if nonce is not None:
             presented = claims.get("nonce")
@@ -427,15 +437,26 @@ class OIDCProvider:
     async def _exchange(self, method: str, url: str, what: str, **kwargs: Any) -> tuple[int, bytes]:
         """One request and its whole answer: ``(status, body)``, within :attr:`timeout`."""
         exchange = Deferred.fromCoroutine(self._send(method, url, **kwargs))
-        exchange.addTimeout(self.timeout, self._clock)
+        # A cancelled request fails with treq's own wrapping of the
+        # cancellation, so the timeout is known by this flag, not the error.
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            exchange.cancel()
+
+        deadline = self._clock.callLater(self.timeout, expire)
         try:
             return await exchange
-        except (TimeoutError, CancelledError):
-            raise IdPUnavailable("the identity provider's %s did not answer within %g s" % (what, self.timeout))
-        except IdPError:
-            raise
         except Exception as failure:
+            if expired:
+                raise IdPUnavailable("the identity provider's %s did not answer within %g s" % (what, self.timeout))
+            if isinstance(failure, IdPError):
+                raise
             raise IdPUnavailable("the identity provider's %s could not be reached (%s)" % (what, _reason(failure)))
+        finally:
+            if deadline.active():
+                deadline.cancel()
 
     async def _send(self, method: str, url: str, **kwargs: Any) -> tuple[int, bytes]:
         response = await self._http.request(method, url, allow_redirects=False, **kwargs)
@@ -493,5 +514,5 @@ def _reason(failure: Exception) -> str:
     """An exception in a few words; treq's ``ResponseFailed`` names the reasons it holds."""
     reasons = getattr(failure, "reasons", None)
     if reasons:
-        return ", ".join(_short(reason.value, 60) for reason in reasons)
-    return "%s: %s" % (type(failure).__name__, _short(failure, 80)) if str(failure) else type(failure).__name__
+        return ", ".join(_reason(reason.value) for reason in reasons)
+    return _short(failure, 80) or type(failure).__name__

@@ -175,6 +175,9 @@ class SimulatedIdP:
         refresh answers a new one (Okta's rotation, Keycloak's "revoke
         refresh token"); by default a refresh answers a new one and the old
         one stays good (Keycloak's and Entra ID's default).
+    :param refresh_id_tokens: a refresh answers an ID token too (Keycloak,
+        Google, Entra ID); ``False``: only an access token, the client asks
+        ``/userinfo`` (OAuth 2 providers without OpenID on refresh).
 
     :ivar requests: how many requests each endpoint answered
         (``discovery``, ``jwks``, ``authorize``, ``token``, ``userinfo``).
@@ -196,10 +199,12 @@ class SimulatedIdP:
         *,
         issuer: str | None = None,
         rotate_refresh_tokens: bool = False,
+        refresh_id_tokens: bool = True,
     ):
         self._reactor = reactor
         self.issuer = issuer.rstrip("/") if issuer else None
         self.rotate_refresh_tokens = rotate_refresh_tokens
+        self.refresh_id_tokens = refresh_id_tokens
         self._users: dict[str, IdPUser] = {}
         for user in users:
             self.add_user(user)
@@ -498,7 +503,10 @@ class SimulatedIdP:
             raise _Refused("invalid_grant", "The user is disabled.")
         if self.rotate_refresh_tokens:
             del self._refresh[presented]
-        return self._tokens(grant, user, issuer, None)
+        answer = self._tokens(grant, user, issuer, None)
+        if not self.refresh_id_tokens:
+            del answer["id_token"]
+        return answer
 
     def _tokens(self, grant: _Grant, user: IdPUser, issuer: str, nonce: str | None) -> dict:
         now = self.now()
