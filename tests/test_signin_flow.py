@@ -280,6 +280,23 @@ class SignInFlowTests(TestCase):
                                      data={"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"]})
         self.assertEqual((refreshed.status_code, refreshed.json()["error"]), (401, "invalid_grant"))
 
+    async def test_groups_followed_at_refresh(self):
+        """A refresh reads the person's groups again: a new relay group for metering; out of the allowed groups, signed out."""
+        world = _World(self)
+        relay = world.relay()
+        tokens = await world.signed_in(relay, "alice@example.com")
+        world.idp.update_user("alice@example.com", groups=("engineering",))
+        refreshed = await world.call("POST", relay + "/oauth/token",
+                                     data={"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"]})
+        self.assertEqual(refreshed.status_code, 200, refreshed.text)
+        self.assertEqual((await world.message(relay, refreshed.json()["access_token"])).status_code, 200)
+        self.assertEqual(await world.ledger_rows(1), [("alice@example.com", None)])
+        world.idp.update_user("alice@example.com", groups=("sales",))
+        refused = await world.call("POST", relay + "/oauth/token",
+                                   data={"grant_type": "refresh_token", "refresh_token": refreshed.json()["refresh_token"]})
+        self.assertEqual((refused.status_code, refused.json()["error"]), (401, "invalid_grant"))
+        self.assertIn("engineering", refused.json()["error_description"])
+
     async def test_refused_domain_and_group(self):
         """Outside the allowed domains or groups: a clear page, and Claude Code's poll gets ``access_denied``."""
         world = _World(self)
