@@ -373,7 +373,9 @@ class TwoRelaysTests(TestCase):
         world = self.world()
         first = world.relay()
         second = world.relay()
-        tokens = await world.signed_in(first, "alice@example.com")
+        # Asked for on the second, signed in at the browser on the first (the public URL's), polled on the second.
+        tokens = await world.signed_in(second, "alice@example.com")
+        self.assertEqual((await world.message(first, tokens["access_token"])).status_code, 200)
         self.assertEqual((await world.message(second, tokens["access_token"])).status_code, 200)
         # The refresh token too: used on the second.
         refreshed = await world.call("POST", second + "/oauth/token",
