@@ -45,6 +45,7 @@ ALICE = IdPUser("Alice@Example.com", "sub-alice", ("engineering", "eng-platform"
 BOB = IdPUser("bob@other.org", "sub-bob", ("engineering",), "Bob")
 CAROL = IdPUser("carol@example.com", "sub-carol", ("sales",), "Carol")
 CI_KEY = RelayKey("sk-relay-ci-0123456789", "ci-job", "automation")
+ADMIN = RelayKey("sk-admin-0123456789abcdef", "ops")
 CLAUDE_CODE = {"User-Agent": "claude-code/2.1.332", "Connection": "close"}
 
 
@@ -107,7 +108,7 @@ class _World:
         settings.update(signin)
         config = RelayConfig(
             listen=("tcp:%d:interface=127.0.0.1" % (port,),), upstreams=one_upstream(self.upstream_url, upstream_key),
-            dump_dir=None, usage_db=self.database, usage_flush_interval=0.05, relay_keys=relay_keys,
+            dump_dir=None, usage_db=self.database, usage_flush_interval=0.05, relay_keys=relay_keys, admin_keys=(ADMIN,),
             signin=SignInConfig(**settings),
         )
         relay = Relay(config, reactor)
@@ -296,6 +297,21 @@ class SignInFlowTests(TestCase):
                                    data={"grant_type": "refresh_token", "refresh_token": refreshed.json()["refresh_token"]})
         self.assertEqual((refused.status_code, refused.json()["error"]), (401, "invalid_grant"))
         self.assertIn("engineering", refused.json()["error_description"])
+
+    async def test_cap_on_the_persons_group(self):
+        """A spend limit on the relay group a person's IdP group maps to refuses their next request (429, no retry)."""
+        world = _World(self)
+        relay = world.relay()
+        tokens = await world.signed_in(relay, "alice@example.com")
+        limit = await world.call("POST", relay + "/v1/organizations/spend_limits", headers={"x-api-key": ADMIN.key},
+                                 json={"scope": {"type": "workspace", "workspace_id": "platform"}, "period": "monthly",
+                                       "amount": "0"})
+        self.assertEqual(limit.status_code, 200, limit.text)
+        refused = await world.message(relay, tokens["access_token"])
+        self.assertEqual((refused.status_code, refused.headers["x-should-retry"], refused.json()["error"]["type"]),
+                         (429, "false", "billing_error"))
+        # Another group's relay key is not under it.
+        self.assertEqual((await world.message(relay, CI_KEY.key)).status_code, 200)
 
     async def test_refused_domain_and_group(self):
         """Outside the allowed domains or groups: a clear page, and Claude Code's poll gets ``access_denied``."""
