@@ -168,7 +168,10 @@ class RelayedRequest:
         (:func:`~twisted_relay.upstream_headers.attribution_of`).
     :ivar relay_key: the relay key it presented
         (:class:`~twisted_relay.config.RelayKey`: its name for the log
-        line, dumps and usage), ``None`` when the relay takes every client.
+        line, dumps and usage), or the signed-in person whose session token
+        it presented (a :class:`~twisted_relay.signin.person.Person`, with
+        the same ``name`` and ``group``); ``None`` when the relay takes
+        every client.
     :ivar requested_model: the ``model`` of its body, if it named one.
     """
 
