@@ -97,6 +97,11 @@ class RequestContext:
     :ivar batch: where an answer's metering waits a moment for others
         (:class:`~twisted_relay.batch.Batch`; run it before reading usage),
         or ``None``: done at once.
+    :ivar managed_settings: the managed settings file
+        (:class:`~twisted_relay.signin.managed_settings.ManagedSettings`)
+        ``GET /managed/settings`` serves, or ``None``.
+    :ivar telemetry: where OTLP exports go
+        (:class:`~twisted_relay.signin.telemetry.TelemetryForwarder`), or ``None``.
     """
 
     config: RelayConfig
@@ -117,6 +122,8 @@ class RequestContext:
     bodies: Any = None
     spend: Any = None
     batch: Any = None
+    managed_settings: Any = None
+    telemetry: Any = None
 
 
 @dataclass(frozen=True, slots=True)
