@@ -37,13 +37,15 @@ from collections import deque
 from dataclasses import dataclass
 
 import treq
+from treq.client import HTTPClient
 import ujson
 from twisted.application.service import Service
+from twisted.internet import defer, error
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent, HTTPConnectionPool, RequestTransmissionFailed, ResponseFailed, ResponseNeverReceived
 
 from twisted_relay._json import to_json
 from twisted_relay._version import __version__
@@ -85,6 +87,11 @@ _MEDIA_TYPES = {b"application/json": _JSON, b"application/x-protobuf": _PROTOBUF
 #: Statuses after which the same export is sent again (the OTLP/HTTP specification's retryable ones).
 _RETRYABLE = frozenset({429, 502, 503, 504})
 _LONGEST_WAIT = 30.0
+#: What the collector's network may do to an attempt: it is made again.
+_NETWORK_FAILURES = (
+    error.ConnectError, error.DNSLookupError, error.TimeoutError, error.ConnectionLost, defer.TimeoutError,
+    ResponseFailed, RequestTransmissionFailed, ResponseNeverReceived,
+)
 
 
 class ExportError(ValueError):
@@ -190,13 +197,19 @@ def _restamp_protobuf(attributes, trusted: dict[str, str], add_all: bool) -> Non
             attributes.add(key=key).value.string_value = value
 
 
+def _repeated(field) -> bool:
+    # ``is_repeated`` from protobuf 5.28 (7 dropped ``label``); ``label`` before.
+    repeated = getattr(field, "is_repeated", None)
+    return repeated if repeated is not None else field.label == field.LABEL_REPEATED
+
+
 def _walk_protobuf(message, trusted: dict[str, str]) -> None:
     for field, value in message.ListFields():
         if field.message_type is None:
             continue
         if field.name == "attributes" and field.message_type.name == "KeyValue":
             _restamp_protobuf(value, trusted, add_all=False)
-        elif field.label == field.LABEL_REPEATED:
+        elif _repeated(field):
             for item in value:
                 _walk_protobuf(item, trusted)
         else:
@@ -214,7 +227,7 @@ def _stamp_protobuf(body: bytes, signal: str, trusted: dict[str, str]) -> bytes:
     for entry in getattr(export, SIGNALS[signal][1]):
         for field, value in entry.ListFields():
             if field.name != "resource" and field.message_type is not None:
-                for item in value if field.label == field.LABEL_REPEATED else (value,):
+                for item in value if _repeated(field) else (value,):
                     _walk_protobuf(item, trusted)
         _restamp_protobuf(entry.resource.attributes, trusted, add_all=True)
     return export.SerializeToString()
@@ -286,6 +299,7 @@ class TelemetryForwarder(Service):
         self._pool = None
         self._client = None
         self._failing = False
+        self._stopped = False
         self.counts: dict[str, int] = {}
 
     def _count(self, export: _Export, outcome: str) -> None:
@@ -298,6 +312,9 @@ class TelemetryForwarder(Service):
         export = _Export(signal, media_type, body)
         if self.endpoint is None:
             self._count(export, "dropped_no_endpoint")
+            return False
+        if self._stopped:
+            self._count(export, "dropped_stopped")
             return False
         if self.held + 1 > self.max_requests or self.held_bytes + len(body) > self.max_bytes:
             self._count(export, "dropped_full")
@@ -321,6 +338,8 @@ class TelemetryForwarder(Service):
             export = self._queue.popleft()
             try:
                 outcome = await self._send(export)
+            except CancelledError:
+                outcome = "dropped_stopped"
             finally:
                 self.held -= 1
                 self.held_bytes -= len(export.body)
@@ -330,7 +349,7 @@ class TelemetryForwarder(Service):
         if self._client is None:
             self._pool = HTTPConnectionPool(self._reactor, persistent=True)
             self._pool.maxPersistentPerHost = self.concurrency
-            self._client = treq.HTTPClient(Agent(self._reactor, pool=self._pool))
+            self._client = HTTPClient(Agent(self._reactor, pool=self._pool))
         return self._client
 
     async def _send(self, export: _Export) -> str:
@@ -339,14 +358,14 @@ class TelemetryForwarder(Service):
         headers = {b"content-type": [export.media_type], b"user-agent": [b"twisted-relay/" + __version__.encode("ascii")]}
         problem = ""
         for attempt in range(self.attempts):
+            if self._stopped:
+                return "dropped_stopped"
             if attempt:
                 await deferLater(self._reactor, min(2.0 ** (attempt - 1), _LONGEST_WAIT), lambda: None)
             try:
                 response = await self._http().post(url, data=export.body, headers=headers, timeout=self.timeout)
                 await treq.collect(response, lambda data: None).addTimeout(self.timeout, self._reactor)
-            except CancelledError:
-                raise
-            except Exception as e:  # a refused connection, a timeout, a connection lost: the network's word
+            except _NETWORK_FAILURES as e:  # a refused connection, a timeout, a connection lost
                 problem = e.__class__.__name__
                 continue
             if 200 <= response.code < 300:
@@ -357,6 +376,8 @@ class TelemetryForwarder(Service):
             problem = "HTTP %d" % (response.code,)
             if response.code not in _RETRYABLE:
                 break
+        if self._stopped:
+            return "dropped_stopped"
         if not self._failing:
             self._failing = True
             self.log.warn(
@@ -368,6 +389,7 @@ class TelemetryForwarder(Service):
     def stopService(self):
         """Drop the exports queued, cancel those in flight, close the connections."""
         Service.stopService(self)
+        self._stopped = True
         while self._queue:
             export = self._queue.popleft()
             self.held -= 1
