@@ -73,6 +73,7 @@ IDENTITY_SOURCE = "gateway-oidc"
 KEY_IDENTITY_SOURCE = "relay-key"
 #: The attributes the relay sets from the caller, whatever the client said.
 STAMPED_KEYS = ("identity.source", "user.id", "user.email", "user.groups")
+_STAMPED = frozenset(STAMPED_KEYS)
 #: The largest export the intake takes, as sent and once unzipped.
 MAX_EXPORT_BYTES = 4 << 20
 #: The signals, each with its request's list of resources (OTLP/JSON's name, and protobuf's).
@@ -186,34 +187,58 @@ def _service_name(signal: str) -> str:
 
 
 def _restamp_protobuf(attributes, trusted: dict[str, str], add_all: bool) -> None:
-    present = {item.key for item in attributes}
-    if not add_all and not present.intersection(STAMPED_KEYS):
-        return
-    kept = [item for item in attributes if item.key not in STAMPED_KEYS]
-    del attributes[:]
-    attributes.extend(kept)
-    for key, value in trusted.items():
-        if add_all or key in present:
-            attributes.add(key=key).value.string_value = value
+    """
+    Set the identity attributes in ``attributes`` (a repeated ``KeyValue``)
+    to ``trusted``, in place: each one present takes the trusted value (or
+    goes, with none); with ``add_all`` the missing ones are added.
+    """
+    stale = []
+    seen = set()
+    for index, item in enumerate(attributes):
+        key = item.key
+        if key in _STAMPED:
+            value = trusted.get(key)
+            if value is None or key in seen:
+                stale.append(index)
+            else:
+                seen.add(key)
+                item.value.Clear()
+                item.value.string_value = value
+    for index in reversed(stale):
+        del attributes[index]
+    if add_all:
+        for key, value in trusted.items():
+            if key not in seen:
+                attributes.add(key=key).value.string_value = value
 
 
-def _repeated(field) -> bool:
-    # ``is_repeated`` from protobuf 5.28 (7 dropped ``label``); ``label`` before.
-    repeated = getattr(field, "is_repeated", None)
-    return repeated if repeated is not None else field.label == field.LABEL_REPEATED
-
-
-def _walk_protobuf(message, trusted: dict[str, str]) -> None:
-    for field, value in message.ListFields():
-        if field.message_type is None:
-            continue
-        if field.name == "attributes" and field.message_type.name == "KeyValue":
-            _restamp_protobuf(value, trusted, add_all=False)
-        elif _repeated(field):
-            for item in value:
-                _walk_protobuf(item, trusted)
-        else:
-            _walk_protobuf(value, trusted)
+def _attribute_lists(export, signal: str):
+    """The attribute lists of an export's scopes and records (log records; spans, their events and links; data points)."""
+    if signal == "logs":
+        for resource in export.resource_logs:
+            for scope in resource.scope_logs:
+                yield scope.scope.attributes
+                for record in scope.log_records:
+                    yield record.attributes
+    elif signal == "traces":
+        for resource in export.resource_spans:
+            for scope in resource.scope_spans:
+                yield scope.scope.attributes
+                for span in scope.spans:
+                    yield span.attributes
+                    for event in span.events:
+                        yield event.attributes
+                    for link in span.links:
+                        yield link.attributes
+    else:
+        for resource in export.resource_metrics:
+            for scope in resource.scope_metrics:
+                yield scope.scope.attributes
+                for metric in scope.metrics:
+                    kind = metric.WhichOneof("data")
+                    if kind is not None:
+                        for point in getattr(metric, kind).data_points:
+                            yield point.attributes
 
 
 def _stamp_protobuf(body: bytes, signal: str, trusted: dict[str, str]) -> bytes:
@@ -224,11 +249,10 @@ def _stamp_protobuf(body: bytes, signal: str, trusted: dict[str, str]) -> bytes:
         export = request_type.FromString(body)
     except (DecodeError, RecursionError):
         raise ExportError("The body is not an OTLP Export%sServiceRequest in protobuf." % (_service_name(signal),)) from None
+    for attributes in _attribute_lists(export, signal):
+        if attributes:
+            _restamp_protobuf(attributes, trusted, add_all=False)
     for entry in getattr(export, SIGNALS[signal][1]):
-        for field, value in entry.ListFields():
-            if field.name != "resource" and field.message_type is not None:
-                for item in value if _repeated(field) else (value,):
-                    _walk_protobuf(item, trusted)
         _restamp_protobuf(entry.resource.attributes, trusted, add_all=True)
     return export.SerializeToString()
 
