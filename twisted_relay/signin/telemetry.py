@@ -116,7 +116,7 @@ def identity_attributes(who) -> dict[str, str]:
 
 def _restamp_json(attributes, trusted: dict[str, str], add_all: bool) -> list:
     if not isinstance(attributes, list):
-        raise ExportError("attributes must be a list")
+        raise ExportError("Each attributes field must be a list of {key, value} objects.")
     present = {item.get("key") for item in attributes if isinstance(item, dict)}
     kept = [item for item in attributes if not (isinstance(item, dict) and item.get("key") in STAMPED_KEYS)]
     kept.extend(
