@@ -132,6 +132,25 @@ class StampTests(SynchronousTestCase):
         attributes = {item["key"]: item["value"]["stringValue"] for item in stamped["resourceMetrics"][0]["resource"]["attributes"]}
         self.assertEqual(attributes, {"service.name": "claude-code", "identity.source": "relay-key", "user.id": "alice"})
 
+    def test_protobuf_metric_points_and_spans(self):
+        """A data point's and a span's (and its event's) claimed identity is replaced too."""
+        metrics = ExportMetricsServiceRequest()
+        point = metrics.resource_metrics.add().scope_metrics.add().metrics.add(name="claude_code.cost.usage").sum.data_points.add(as_double=0.5)
+        point.attributes.add(key="user.email").value.string_value = "ceo@example.com"
+        point.attributes.add(key="model").value.string_value = "opus"
+        stamped = ExportMetricsServiceRequest.FromString(stamp_export(metrics.SerializeToString(), "metrics", b"application/x-protobuf", PERSON))
+        (point,) = stamped.resource_metrics[0].scope_metrics[0].metrics[0].sum.data_points
+        self.assertEqual(_attributes(point.attributes), {"user.email": "dana@example.com", "model": "opus"})
+        self.assertEqual(_attributes(stamped.resource_metrics[0].resource.attributes)["user.id"], "00u1abc")
+
+        traces = ExportTraceServiceRequest()
+        span = traces.resource_spans.add().scope_spans.add().spans.add(name="claude_code.interaction")
+        span.attributes.add(key="user.id").value.string_value = "ceo"
+        span.events.add(name="e").attributes.add(key="user.groups").value.string_value = "admins"
+        stamped = ExportTraceServiceRequest.FromString(stamp_export(traces.SerializeToString(), "traces", b"application/x-protobuf", ALICE))
+        (span,) = stamped.resource_spans[0].scope_spans[0].spans
+        self.assertEqual((_attributes(span.attributes), _attributes(span.events[0].attributes)), ({"user.id": "alice"}, {}))
+
     def test_a_resource_with_no_attributes_gets_them(self):
         stamped = json.loads(stamp_export(b'{"resourceSpans":[{"scopeSpans":[]}]}', "traces", b"application/json", PERSON))
         self.assertEqual(len(stamped["resourceSpans"][0]["resource"]["attributes"]), 4)
