@@ -99,6 +99,11 @@ class RequestContext:
         or ``None``: done at once.
     :ivar signin: sign-in (:class:`~twisted_relay.signin.session.SignIn`):
         a session token stands for a person as a relay key does; ``None``: off.
+    :ivar managed_settings: the managed settings file
+        (:class:`~twisted_relay.signin.managed_settings.ManagedSettings`)
+        ``GET /managed/settings`` serves, or ``None``.
+    :ivar telemetry: where OTLP exports go
+        (:class:`~twisted_relay.signin.telemetry.TelemetryForwarder`), or ``None``.
     """
 
     config: RelayConfig
@@ -120,6 +125,8 @@ class RequestContext:
     spend: Any = None
     batch: Any = None
     signin: Any = None
+    managed_settings: Any = None
+    telemetry: Any = None
 
 
 @dataclass(frozen=True, slots=True)
