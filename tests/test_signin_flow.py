@@ -240,6 +240,8 @@ class SignInFlowTests(TestCase):
         fresh = refreshed.json()
         self.assertNotEqual(fresh["refresh_token"], tokens["refresh_token"])
         self.assertEqual((await world.message(relay, fresh["access_token"])).status_code, 200)
+        usage = await world.call("GET", relay + "/api/oauth/usage", headers={"Authorization": "Bearer " + fresh["access_token"]})
+        self.assertEqual(usage.status_code, 200, usage.text)
         reused = await world.call("POST", relay + "/oauth/token",
                                   data={"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"]})
         self.assertEqual((reused.status_code, reused.json()["error"]), (401, "invalid_grant"))
@@ -250,6 +252,9 @@ class SignInFlowTests(TestCase):
         refused = await world.message(relay, fresh["access_token"])
         self.assertEqual((refused.status_code, refused.headers["x-should-retry"], refused.json()["error"]["type"]),
                          (401, "false", "authentication_error"))
+        # Refused on the other routes a signed-in Claude Code calls, which took it before.
+        usage = await world.call("GET", relay + "/api/oauth/usage", headers={"Authorization": "Bearer " + fresh["access_token"]})
+        self.assertEqual((usage.status_code, usage.headers["x-should-retry"]), (401, "false"))
         self.assertIn("revoked", refused.json()["error"]["message"])
         gone = await world.call("POST", relay + "/oauth/token",
                                 data={"grant_type": "refresh_token", "refresh_token": fresh["refresh_token"]})
