@@ -203,7 +203,16 @@ class SessionOnRequestTests(SynchronousTestCase):
         self.clock.advance(CONFIG.session_ttl)
         self.assertIn("expired", self.refused(b"Bearer " + self.token.encode()).message)
 
+    def test_expired_once_known(self):
+        """A token checked before (then only looked up) is refused all the same once it expires."""
+        self.presented(b"Bearer " + self.token.encode())
+        self.clock.advance(CONFIG.session_ttl - 1)
+        self.presented(b"Bearer " + self.token.encode())
+        self.clock.advance(1)
+        self.assertIn("expired", self.refused(b"Bearer " + self.token.encode()).message)
+
     def test_revoked(self):
+        self.presented(b"Bearer " + self.token.encode())
         self.successResultOf(ensureDeferred(self.signin.revoke(self.claims)))
         self.assertIn("revoked", self.refused(b"Bearer " + self.token.encode()).message)
 

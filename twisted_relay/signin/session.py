@@ -30,6 +30,8 @@ __all__ = ["SignIn", "signin_for"]
 
 # The revocations' table is pruned every this many reads.
 _PRUNE_EVERY = 30
+# Session tokens kept checked at most (each a few hundred bytes).
+_KNOWN_MOST = 10_000
 
 
 class SignIn(Service):
@@ -60,6 +62,7 @@ class SignIn(Service):
         self.device_authorizations = RateLimit(30, 600)
         self.verifications = RateLimit(10, 600)
         self._revoked: dict[str, float] = {}
+        self._known: dict[str, tuple[Person, int]] = {}
         self._reads = 0
         self._reading = LoopingCall(self._read_revocations)
         self._reading.clock = reactor
@@ -86,22 +89,39 @@ class SignIn(Service):
         """
         for presented in presented_keys(headers):
             token = presented.decode("latin-1")
-            if self.tokens.is_ours(token):
+            if token in self._known or self.tokens.is_ours(token):
                 return self.person_of_token(token)
         return None
 
     def person_of_token(self, token: str) -> Person:
         """The person a session token of ours speaks for. :raises RelayError: 401, as :meth:`person_presented`."""
+        known = self._known.get(token)
+        if known is None:
+            # Checked once (its signature, its claims, who may sign in), then
+            # known until it expires: a request after the first costs a lookup.
+            known = self._check(token)
+        person, expires_at = known
+        if expires_at <= self.now():
+            self._known.pop(token, None)
+            raise RelayError(401, "Sign-in: the session token has expired; sign in again.", should_retry=False)
+        if self.is_revoked(person.session_id):
+            raise RelayError(401, "Sign-in: this session was signed out (revoked); sign in again.", should_retry=False)
+        return person
+
+    def _check(self, token: str) -> tuple[Person, int]:
         try:
             claims = self.tokens.verify(token)
         except SessionTokenError as e:
             raise RelayError(401, "Sign-in: %s." % (e,), should_retry=False)
-        if self.is_revoked(claims.jti):
-            raise RelayError(401, "Sign-in: this session was signed out (revoked); sign in again.", should_retry=False)
         person = person_of(claims.identity(), self.config, claims.jti)
         if isinstance(person, Refusal):
             raise RelayError(401, "Sign-in: %s" % (person.reason,), should_retry=False)
-        return person
+        if len(self._known) >= _KNOWN_MOST:
+            self._known = {t: k for t, k in self._known.items() if k[1] > self.now()}
+            if len(self._known) >= _KNOWN_MOST:
+                self._known.clear()
+        self._known[token] = (person, claims.exp)
+        return person, claims.exp
 
     def is_revoked(self, jti: str) -> bool:
         """Whether the session token ``jti`` is revoked, as this relay last read (or made) the revocations."""
