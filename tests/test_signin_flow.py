@@ -276,6 +276,25 @@ class SignInFlowTests(TestCase):
         bare = await world.message(relay, "sk-ant-someone-elses-key")
         self.assertEqual((bare.status_code, bare.headers["x-should-retry"]), (401, "false"))
 
+    async def test_thread_outlives_the_session_token(self):
+        """A message thread is the person's: continued with the token a refresh gave."""
+        world = _World(self)
+        relay = world.relay()
+        tokens = await world.signed_in(relay, "alice@example.com")
+        beta = {"anthropic-beta": "message-threads-2026-08-12", "anthropic-version": "2023-06-01"}
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 32, "messages": [{"role": "user", "content": "Say pong"}],
+                "thread": {"type": "create"}}
+        created = await world.call("POST", relay + "/v1/messages?beta=true", json=body,
+                                   headers={"Authorization": "Bearer " + tokens["access_token"], **beta})
+        self.assertEqual(created.status_code, 200, created.text)
+        refreshed = (await world.call("POST", relay + "/oauth/token",
+                                      data={"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"]})).json()
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 32, "messages": [{"role": "user", "content": "Again"}],
+                "thread": {"type": "continue", "previous_message_id": created.json()["id"]}}
+        continued = await world.call("POST", relay + "/v1/messages?beta=true", json=body,
+                                     headers={"Authorization": "Bearer " + refreshed["access_token"], **beta})
+        self.assertEqual(continued.status_code, 200, continued.text)
+
     async def test_leaver_refused_at_refresh(self):
         """A person the identity provider disabled cannot refresh: 401 ``invalid_grant`` (sign in again)."""
         world = _World(self)
