@@ -73,13 +73,14 @@ class SignedInCluster:
     """
 
     def __init__(self, testcase: TestCase, usage_db: str, relays: int, nginx: bool = True,
-                 relay_options: tuple[str, ...] = ()):
+                 relay_options: tuple[str, ...] = (), idp_site=Site):
         from bench.cluster import Cluster
 
         self.testcase = testcase
         self.idp = SimulatedIdP(reactor, users=(ALICE,))
         self.idp.auto_sign_in = ALICE.email
-        idp_port = reactor.listenTCP(0, Site(self.idp.resource()), interface="127.0.0.1")
+        self.idp_site = idp_site(self.idp.resource())
+        idp_port = reactor.listenTCP(0, self.idp_site, interface="127.0.0.1")
         testcase.addCleanup(idp_port.stopListening)
         self.issuer = "http://127.0.0.1:%d" % (idp_port.getHost().port,)
         self.idp.issuer = self.issuer
@@ -228,6 +229,9 @@ class TwoRelaysBehindNginxTests(TestCase):
             self.assertEqual((through.status_code, through.headers.get("x-should-retry")), (401, "false"))
         # The first session token was not revoked: still good on both.
         self.assertEqual((await world.message(b, tokens["access_token"])).status_code, 200)
+        # The ledger's password (in the config file, not on the command line) in neither relay's log.
+        for number in (0, 1):
+            self.assertNotIn(postgres_server.PASSWORD, world.log(number))
 
     async def test_device_code_started_on_one_polled_on_the_other(self):
         """nginx may send the poll anywhere: a device code asked for on A, signed in, polled on B."""
