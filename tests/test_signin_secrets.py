@@ -149,6 +149,8 @@ class NoSecretWrittenTests(TestCase):
                 written["dump " + os.path.basename(path)] = f.read()
         self.assertIn("max_tokens", "".join(v for k, v in written.items() if k.startswith("dump ")))
         written["relay log"] = world.log(0)
+        with open(os.path.join(world.folder, "upstream.log"), encoding="utf-8", errors="replace") as f:
+            written["upstream's log"] = f.read()  # what went upstream: never a session token
         self.assertIn("alice@example.com", written["relay log"])
         with sqlite3.connect(ledger) as connection:
             written["ledger"] = "\n".join(connection.iterdump())
