@@ -96,6 +96,9 @@ class NoSecretWrittenTests(TestCase):
         # The upstream refuses a request (max_tokens 0): a dump is written.
         refused_upstream = await world.message(relay, fresh["access_token"], max_tokens=0)
         self.assertEqual(refused_upstream.status_code, 400, refused_upstream.text)
+        # The person's usage endpoint, as Claude Code's /usage reads it.
+        own_usage = await world.call("GET", relay + "/api/oauth/usage", headers={"Authorization": "Bearer " + fresh["access_token"]})
+        self.assertEqual(own_usage.status_code, 200, own_usage.text)
         # The provider's answer to a refresh unusable (an ID token signed with alg "none"), then the
         # provider refusing it (the person disabled): refused, and logged.
         world.idp.id_token_edit = unsigned
@@ -139,8 +142,7 @@ class NoSecretWrittenTests(TestCase):
         self.assertEqual(usage.status_code, 200, usage.text)
         self.assertIn("alice@example.com", usage.text)
         written["/admin/usage"] = usage.text
-        usage_json = await world.call("GET", relay + "/admin/usage?format=json", headers={"x-api-key": ADMIN_KEY})
-        written["/admin/usage?format=json"] = usage_json.text
+        written["/api/oauth/usage"] = own_usage.text
         await deferLater(reactor, 0.5, lambda: None)  # the dump's thread, the log's last lines
         dump_files = [os.path.join(root, name) for root, _, names in os.walk(dumps) for name in names]
         self.assertTrue(dump_files, "no dump was written")
