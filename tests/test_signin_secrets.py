@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 
@@ -160,8 +161,10 @@ class NoSecretWrittenTests(TestCase):
         for process in world.cluster.processes:
             with open("/proc/%d/cmdline" % (process.pid,), "rb") as f:
                 written["command line of %s" % (process.args[0],)] = f.read().replace(b"\0", b" ").decode()
-            shown = subprocess.run(["ps", "-ww", "-o", "args=", "-p", str(process.pid)], capture_output=True, text=True)
-            written["ps of %s" % (process.args[0],)] = shown.stdout
+            if shutil.which("ps"):
+                shown = subprocess.run(["ps", "-ww", "-o", "args=", "-p", str(process.pid)], capture_output=True,
+                                       text=True, timeout=10)
+                written["ps of %s" % (process.args[0],)] = shown.stdout
 
         leaks = ["%s in %s" % (secret, where) for secret, value in secrets.items()
                  for where, text in written.items() if value in text]
