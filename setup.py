@@ -66,6 +66,15 @@ setup(
         # fail (a refresh did not reach the identity endpoint, and requests were
         # refused once the token expired).
         "azure": ["azure-identity>=1.19"],
+        # Sign-in with the company's identity provider (docs/signin.md): ID
+        # tokens checked and session tokens signed with joserfc, PKCE helpers
+        # from authlib. Tested on joserfc 1.0.0 and 1.8.0, authlib 1.3.0 and
+        # 1.9.10.
+        "signin": ["joserfc>=1.0", "authlib>=1.3"],
+        # The telemetry intake's protobuf encoding (OTLP/HTTP application/x-protobuf,
+        # signin/telemetry.py); JSON exports need nothing. Tested on 1.27.0 (with
+        # protobuf 4.25.9) and 1.45.2 (protobuf 7.36.2).
+        "telemetry": ["opentelemetry-proto>=1.27"],
         "test": [
             "hypothesis>=6.90",
             # its message threads (tests of twisted_relay.message_threads.model);
@@ -89,6 +98,12 @@ setup(
             # Responses and Chat Completions events the answer translations read
             # (tests/test_openai_requests.py, tests/test_openai_answers.py).
             "openai>=3.63",
+            # [signin]; authlib's OAuth2Session (requests) is the oracle of the
+            # simulated identity provider (tests/test_simulated_idp.py).
+            "joserfc>=1.0",
+            "authlib>=1.3",
+            # the telemetry intake's protobuf exports, and its tests' collector stand-in
+            "opentelemetry-proto>=1.27",
         ],
     },
     entry_points={

@@ -32,14 +32,15 @@ LAYERS = (
     ("Twisted's internals", ("_twisted",)),
     (
         "pure values and rules",
-        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage", "prices", "metering", "relay_keys", "usage_page", "spend_limits", "body_form", "platforms", "openai", "sse_events"),
+        ("_version", "_json", "_argtypes", "errors", "logs", "redact", "translation", "config", "routing", "model_list", "affinity", "bodies", "usage", "prices", "metering", "relay_keys", "usage_page", "spend_limits", "body_form", "platforms", "openai", "sse_events", "signin.person", "signin.config", "signin.tokens", "signin.people", "signin.device_flow"),
     ),
     ("message threads", ("message_threads",)),
     ("whole-body work", ("body_work", "body_worker", "body_pool")),
     ("settings", ("configfile", "settings")),
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream", "logins", "wires")),
     ("streaming", ("sse",)),
-    ("records", ("dumps", "metrics", "spend_limits_sql", "spend_shares_sql", "ledger_rows", "ledger_sql", "ledger")),
+    ("records", ("dumps", "metrics", "spend_limits_sql", "spend_shares_sql", "signin_sql", "ledger_rows", "ledger_sql", "ledger")),
+    ("sign-in", ("signin",)),
     ("the request path", ("drain", "pacing", "batch", "answer", "attempts", "relayed_request", "app", "site", "admin", "spend_guard", "spend_routes")),
     ("tools", ("replay", "demo", "simulated", "ledger_report")),
     ("the process", ("gctuning", "start_checks", "service", "workers", "worker_process", "tap")),
@@ -47,11 +48,16 @@ LAYERS = (
 
 
 def layer_of(module: str) -> int:
-    """The row of ``module`` in :data:`LAYERS` (its first name under the package)."""
-    name = module.split(".")[1]
-    for row, (_, names) in enumerate(LAYERS):
-        if name in names:
-            return row
+    """
+    The row of ``module`` in :data:`LAYERS`: its first two names under the
+    package (a package whose modules sit in several rows, ``signin.config``),
+    else its first.
+    """
+    parts = module.split(".")
+    for name in (".".join(parts[1:3]), parts[1]):
+        for row, (_, names) in enumerate(LAYERS):
+            if name in names:
+                return row
     raise KeyError(module)
 
 

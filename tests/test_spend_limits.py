@@ -597,7 +597,7 @@ class SchemaTests(SynchronousTestCase):
             database.close()
             with sqlite3.connect(path) as connection:
                 found = connection.execute("SELECT value FROM relay_usage_meta WHERE name = 'schema_version'").fetchone()
-            self.assertEqual((SCHEMA_VERSION, found[0]), (4, "4"))
+            self.assertEqual((SCHEMA_VERSION, found[0]), (5, "5"))
 
 
 class _RateLimitedUpstream(Resource):

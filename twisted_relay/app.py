@@ -18,6 +18,7 @@ Anthropic-shaped; errors the upstream raises pass through untouched.
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import replace
 
@@ -47,7 +48,7 @@ from twisted_relay.ledger_sql import LedgerError
 from twisted_relay.message_threads.turns import ThreadKeeper, keeper_for
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.pacing import StartPacer
-from twisted_relay.relay_keys import key_pairs
+from twisted_relay.relay_keys import key_pairs, key_presented
 from twisted_relay.relayed_request import (
     COUNT_TOKENS,
     MESSAGES,
@@ -58,6 +59,9 @@ from twisted_relay.relayed_request import (
     method_and_path,
 )
 from twisted_relay.routing import RetryRule, Router
+from twisted_relay.signin.managed_settings import ManagedSettings, managed_settings_route
+from twisted_relay.signin.telemetry import TelemetryForwarder, logs_route, metrics_route, traces_route
+from twisted_relay.signin.usage_api import usage_route
 from twisted_relay.spend_guard import SpendGuard
 from twisted_relay.spend_routes import delete_route, effective_route, list_route, retrieve_route, set_route
 from twisted_relay.upstream import UpstreamClient, UpstreamClients
@@ -83,6 +87,14 @@ class RelayApp:
         (:class:`~twisted_relay.usage.UsageRecord`), or ``None``.
     :param bodies: where the work on large request bodies runs; a pool of
         one worker process (started when first needed) when ``None``.
+    :param signin: sign-in (:class:`~twisted_relay.signin.session.SignIn`);
+        made from ``config.signin`` (its store the ledger's database, if
+        any) when ``None``.
+    :param managed_settings: the settings ``GET /managed/settings`` serves
+        (:class:`~twisted_relay.signin.managed_settings.ManagedSettings`), or ``None``.
+    :param telemetry: where the OTLP exports taken at ``/v1/logs``,
+        ``/v1/metrics`` and ``/v1/traces`` go; one with no collector (they
+        are counted and dropped) when ``None``.
     :ivar requests: the requests in flight, and their draining
         (:class:`~twisted_relay.drain.InFlight`).
     :ivar starts: when each relayed request may start
@@ -90,6 +102,7 @@ class RelayApp:
     :ivar bodies: that pool (a service: stopping it stops the workers).
     :ivar spend: the spend limits (:class:`~twisted_relay.spend_guard.SpendGuard`,
         a service), or ``None`` without a ledger database.
+    :ivar signin: sign-in (a service: it reads the revocations), or ``None``.
     """
 
     app = Klein()
@@ -109,6 +122,9 @@ class RelayApp:
         router: Router | None = None,
         ledger=None,
         bodies: BodyPool | None = None,
+        signin=None,
+        managed_settings: ManagedSettings | None = None,
+        telemetry: TelemetryForwarder | None = None,
     ):
         self.requests = InFlight(reactor)
         # Request starts spread over reactor turns (docs/architecture.md, "Request starts, paced").
@@ -126,6 +142,13 @@ class RelayApp:
             if hasattr(ledger, "on_database")
             else None
         )
+        self.signin = signin
+        if signin is None and config.signin is not None:
+            # Imported only when on: it needs the [signin] extra. Its state is
+            # shared through the ledger's database when there is one.
+            from twisted_relay.signin.session import signin_for
+
+            self.signin = signin_for(config.signin, ledger, reactor)
         # What every request is handed; a reload makes a new one.
         self._context = RequestContext(
             config=config,
@@ -146,6 +169,9 @@ class RelayApp:
             batch=self.batch,
             bodies=self.bodies,
             spend=self.spend,
+            signin=self.signin,
+            managed_settings=managed_settings,
+            telemetry=telemetry if telemetry is not None else TelemetryForwarder(None, reactor, metrics=self.metrics),
         )
         self.metrics.know_models(config.prices.models)
         # Read when scraped: no work per request.
@@ -296,6 +322,89 @@ class RelayApp:
             return error_answer(
                 request, RelayError(503, "The spend limits' database cannot be used now: %s" % (e,), error_type="api_error")
             )
+
+    # -- sign-in (docs/signin.md): each route is its module's ---------------
+
+    @app.route("/.well-known/oauth-authorization-server", methods=["GET"])
+    def signin_metadata(self, request):
+        return self._signin(request, "authorization", "metadata_route")
+
+    @app.route("/oauth/device_authorization", methods=["POST"])
+    def signin_device_authorization(self, request):
+        return self._signin(request, "authorization", "device_authorization_route")
+
+    @app.route("/oauth/token", methods=["POST"])
+    def signin_token(self, request):
+        return self._signin(request, "authorization", "token_route")
+
+    @app.route("/oauth/revoke", methods=["POST"])
+    def signin_revoke(self, request):
+        return self._signin(request, "authorization", "revoke_route")
+
+    @app.route("/device", methods=["GET"])
+    def signin_device_page(self, request):
+        return self._signin(request, "browser", "device_page_route")
+
+    @app.route("/device", methods=["POST"])
+    def signin_device_submit(self, request):
+        return self._signin(request, "browser", "device_submit_route")
+
+    @app.route("/oauth/callback", methods=["GET"])
+    def signin_callback(self, request):
+        return self._signin(request, "browser", "callback_route")
+
+    async def _signin(self, request, module: str, route: str):
+        stamp_request_id(request)
+        signin = self._context.signin
+        if signin is None:
+            raise NotFound()
+        routes = importlib.import_module("twisted_relay.signin." + module)
+        return await getattr(routes, route)(signin, request)
+    # -- what a signed-in Claude Code asks beside the Messages API (signin/) --
+
+    @app.route("/managed/settings", methods=["GET"])
+    def managed_settings(self, request):
+        """The managed settings Claude Code applies (``ETag``/``If-None-Match``)."""
+        return self._caller_route(request, managed_settings_route)
+
+    @app.route("/v1/logs", methods=["POST"])
+    def otlp_logs(self, request):
+        """An OTLP log export, stamped with the caller and queued for the collector."""
+        return self._caller_route(request, logs_route)
+
+    @app.route("/v1/metrics", methods=["POST"])
+    def otlp_metrics(self, request):
+        """An OTLP metrics export, stamped with the caller and queued for the collector."""
+        return self._caller_route(request, metrics_route)
+
+    @app.route("/v1/traces", methods=["POST"])
+    def otlp_traces(self, request):
+        """An OTLP trace export, stamped with the caller and queued for the collector."""
+        return self._caller_route(request, traces_route)
+
+    @app.route("/api/oauth/usage", methods=["GET"])
+    def oauth_usage(self, request):
+        """The caller's spend and caps, for Claude Code's ``/usage``."""
+        return self._caller_route(request, usage_route)
+
+    async def _caller_route(self, request, route):
+        # Who asks: a signed-in person or a relay key; these routes speak of
+        # a caller, so an open relay answers them 401 too.
+        stamp_request_id(request)
+        context = self._context
+        try:
+            # A session token (refused with a 401 when it is not good now), else a relay key.
+            who = context.signin.person_presented(request.requestHeaders) if context.signin is not None else None
+            if who is None and context.relay_keys:
+                who = key_presented(context.relay_keys, request.requestHeaders)
+            if who is None:
+                raise RelayError(401, "This route takes a relay key in x-api-key or Authorization: Bearer, or "
+                                      "signing in (claude auth login).", should_retry=False)
+            return await route(context, request, who)
+        except RelayError as e:
+            return error_answer(request, e)
+        except LedgerError as e:
+            return error_answer(request, RelayError(503, "The usage ledger cannot be read now: %s" % (e,), error_type="api_error"))
 
     @app.handle_errors(NotFound)
     def not_found(self, request, failure):

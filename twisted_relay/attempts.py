@@ -169,7 +169,8 @@ class Attempts:
             relayed.request.requestHeaders,
             attempt.key,
             # A login of the relay's own: the client's credentials never go.
-            strip_credentials=bool(context.relay_keys) or upstream.login is not None,
+            # A relay key or a session token never goes upstream either.
+            strip_credentials=bool(context.relay_keys) or context.signin is not None or upstream.login is not None,
             forward_attribution=context.config.forward_attribution,
         )
         if body is None:

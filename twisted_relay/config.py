@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from twisted_relay.prices import DEFAULT_PRICES, PriceTable
 from twisted_relay.relay_keys import RelayKey
+from twisted_relay.signin.config import SignInConfig
 from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
 __all__ = [
@@ -406,6 +407,9 @@ class RelayConfig:
         limits and the spend against them from the ledger's database, and
         between two renewals of this relay's shares of the caps
         (``docs/usage.md``, "Spend limits").
+    :ivar signin: sign-in with the company's identity provider (the
+        ``[signin]`` table, :class:`~twisted_relay.signin.config.SignInConfig`;
+        ``docs/signin.md``), or ``None``: none.
     :ivar config_file: the ``--config`` file these settings came from, read
         again by :meth:`twisted_relay.service.Relay.reload`; ``None`` when
         there is none.
@@ -456,6 +460,7 @@ class RelayConfig:
     usage_retention_days: float = 400.0
     usage_max_queue: int = 50_000
     spend_refresh_interval: float = 5.0
+    signin: SignInConfig | None = None
     config_file: str | None = None
 
     def __post_init__(self):
@@ -514,7 +519,8 @@ class RelayConfig:
             for name, value in upstream.login.options if name in _SECRET_OPTIONS and not value.startswith("env:")
         )
         relay_keys = tuple(relay_key.key for relay_key in self.relay_keys + self.admin_keys)
-        return tuple(dict.fromkeys(s for s in pools + logins + relay_keys if s))
+        signin = self.signin.secrets() if self.signin is not None else ()
+        return tuple(dict.fromkeys(s for s in pools + logins + relay_keys + signin if s))
 
     def to_dict(self) -> dict:
         """Every setting as plain JSON-able values (keys included: keep it private)."""
@@ -522,6 +528,7 @@ class RelayConfig:
         for name in ("relay_keys", "admin_keys"):
             values[name] = [{"key": k.key, "name": k.name, "group": k.group} for k in getattr(self, name)]
         values["prices"] = self.prices.to_dict()
+        values["signin"] = None if self.signin is None else self.signin.to_dict()
         values["upstreams"] = [_upstream_to_dict(u) for u in self.upstreams]
         values["routes"] = [
             {
@@ -541,6 +548,8 @@ class RelayConfig:
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         if "prices" in values:
             values["prices"] = PriceTable.from_dict(values["prices"])
+        if values.get("signin") is not None:
+            values["signin"] = SignInConfig.from_dict(values["signin"])
         upstreams = tuple(_upstream_from_dict(u) for u in values.pop("upstreams", ()))
         routes = tuple(
             Route(

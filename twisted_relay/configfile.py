@@ -2,7 +2,8 @@
 """
 The ``--config`` file: TOML with a ``[relay]`` table of command-line options,
 ``[upstreams.NAME]`` tables and ``[[routes]]`` (see ``docs/routing.md``),
-``[relay-keys]`` (named relay keys) and ``[prices]`` (see ``docs/usage.md``).
+``[relay-keys]`` (named relay keys), ``[prices]`` (see ``docs/usage.md``) and
+``[signin]`` (:mod:`twisted_relay.signin.config`, ``docs/signin.md``).
 
 :func:`load` reads and checks a file and gives its settings as plain values
 (:class:`FileSettings`); every mistake is a :class:`ConfigFileError` whose
@@ -40,6 +41,7 @@ from twisted_relay.config import (
 from twisted_relay.message_threads.model import THREAD_MODES
 from twisted_relay.prices import DEFAULT_PRICES, PriceTable, price_table_from
 from twisted_relay.relay_keys import RelayKey, key_name_problem, unique_relay_keys
+from twisted_relay.signin.config import SignInConfig, SignInConfigError, signin_table
 from twisted_relay.translation import DEFAULT_ID_PATTERN, UpstreamRules
 
 __all__ = [
@@ -91,8 +93,8 @@ _REGION = re.compile(r"^[a-z0-9-]{2,32}$")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 _ROUTE_KEYS = ("models", "targets", "thinking", "images", "body-over")
 _TARGET_KEYS = ("upstream", "model")
-_TABLES = ("relay", "upstreams", "routes", "relay-keys", "prices")
-_KNOWN_TABLES = "[relay], [upstreams.NAME], [[routes]], [relay-keys], [prices]"
+_TABLES = ("relay", "upstreams", "routes", "relay-keys", "prices", "signin")
+_KNOWN_TABLES = "[relay], [upstreams.NAME], [[routes]], [relay-keys], [prices], [signin]"
 
 
 class ConfigFileError(Exception):
@@ -118,6 +120,7 @@ class FileSettings:
     :ivar relay_keys: the ``[relay-keys]``, each with its name (and group).
     :ivar prices: the shipped price table with the file's ``[prices]``, or
         ``None`` when the file has none.
+    :ivar signin: the ``[signin]`` table, or ``None`` when the file has none.
     """
 
     path: str
@@ -126,6 +129,7 @@ class FileSettings:
     routes: tuple[Route, ...] = ()
     relay_keys: tuple[RelayKey, ...] = ()
     prices: PriceTable | None = field(default=None, repr=False)
+    signin: SignInConfig | None = None
 
     def __repr__(self) -> str:
         shown = ", ".join("%s=%r" % (f.name, getattr(self, f.name)) for f in fields(self) if f.repr)
@@ -205,9 +209,20 @@ def load(path: str, options: OptionKinds, environ: Mapping[str, str] | None = No
     routes = _routes(path, data.get("routes", []), defined)
     relay_keys = _relay_keys(path, data.get("relay-keys", {}), environ, folder)
     prices = _prices(path, data["prices"]) if "prices" in data else None
+    signin = _signin(path, data["signin"], environ, folder) if "signin" in data else None
     return FileSettings(
-        path=path, relay=relay, upstreams=upstreams, routes=routes, relay_keys=relay_keys, prices=prices
+        path=path, relay=relay, upstreams=upstreams, routes=routes, relay_keys=relay_keys, prices=prices,
+        signin=signin,
     )
+
+
+def _signin(path, table, environ, folder) -> SignInConfig:
+    """``[signin]``: its secrets read as the file reads keys (``env:VAR``, ``file:PATH`` or written out)."""
+    where = _Table(path, "[signin]")
+    try:
+        return signin_table(table, lambda key, source: _key(where, key, source, environ, folder), folder)
+    except SignInConfigError as e:
+        raise where.error(e.key, e.problem)
 
 
 def _relay_keys(path, table, environ, folder) -> tuple[RelayKey, ...]:

@@ -33,6 +33,7 @@ from urllib.parse import unquote, urlsplit
 from twisted_relay.redact import redact_text
 from twisted_relay.spend_limits_sql import SCHEMA as _SPEND_LIMITS_SCHEMA
 from twisted_relay.spend_shares_sql import SCHEMA as _SPEND_SHARES_SCHEMA
+from twisted_relay.signin_sql import SCHEMA as _SIGNIN_SCHEMA
 from twisted_relay.ledger_rows import batch_of, dollars_of
 from twisted_relay.usage import TOKEN_KINDS, UsageRecord
 
@@ -53,8 +54,9 @@ __all__ = [
 #: Version of the tables' layout, kept in the database; bumped on any change
 #: (2: the spend limits' table, :mod:`twisted_relay.spend_limits_sql`; 3: the
 #: spend shares' table, :mod:`twisted_relay.spend_shares_sql`; 4: the ``platform``
-#: column). A relay opening an older ledger brings it up to date.
-SCHEMA_VERSION = 4
+#: column; 5: sign-in's tables, :mod:`twisted_relay.signin_sql`). A relay opening
+#: an older ledger brings it up to date.
+SCHEMA_VERSION = 5
 #: What installs the PostgreSQL driver.
 POSTGRES_EXTRA = "pip install 'twisted-relay[postgres]'"
 #: What a report may add up by, and the column each reads.
@@ -118,6 +120,7 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS relay_usage_group_at ON relay_usage (key_group, at)",
     *_SPEND_LIMITS_SCHEMA,
     *_SPEND_SHARES_SCHEMA,
+    *_SIGNIN_SCHEMA,
 )
 # A batch is written by one statement with one parameter, its rows as one
 # JSON text (an array of arrays, made on the reactor thread), which the

@@ -428,6 +428,14 @@ class RelayMetrics:
             ["upstream"],
             registry=self.registry,
         )
+        self.telemetry_exports = Counter(
+            "relay_telemetry_exports",
+            "OTLP exports taken at /v1/logs, /v1/metrics and /v1/traces (signin/telemetry.py), by signal and "
+            "outcome: forwarded, failed (refused by the collector or not reached, retries included), "
+            "dropped_full (its queue was full), dropped_no_endpoint (no collector set), dropped_stopped.",
+            ["signal", "outcome"],
+            registry=self.registry,
+        )
         # Usage is tallied as plain numbers (once an answer, on the reactor: no
         # prometheus_client lock and checks per increment); read when scraped
         # in one process, copied to the shared files every second with workers.

@@ -97,6 +97,13 @@ class RequestContext:
     :ivar batch: where an answer's metering waits a moment for others
         (:class:`~twisted_relay.batch.Batch`; run it before reading usage),
         or ``None``: done at once.
+    :ivar signin: sign-in (:class:`~twisted_relay.signin.session.SignIn`):
+        a session token stands for a person as a relay key does; ``None``: off.
+    :ivar managed_settings: the managed settings file
+        (:class:`~twisted_relay.signin.managed_settings.ManagedSettings`)
+        ``GET /managed/settings`` serves, or ``None``.
+    :ivar telemetry: where OTLP exports go
+        (:class:`~twisted_relay.signin.telemetry.TelemetryForwarder`), or ``None``.
     """
 
     config: RelayConfig
@@ -117,6 +124,9 @@ class RequestContext:
     bodies: Any = None
     spend: Any = None
     batch: Any = None
+    signin: Any = None
+    managed_settings: Any = None
+    telemetry: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +175,10 @@ class RelayedRequest:
         (:func:`~twisted_relay.upstream_headers.attribution_of`).
     :ivar relay_key: the relay key it presented
         (:class:`~twisted_relay.config.RelayKey`: its name for the log
-        line, dumps and usage), ``None`` when the relay takes every client.
+        line, dumps and usage), or the signed-in person whose session token
+        it presented (a :class:`~twisted_relay.signin.person.Person`, with
+        the same ``name`` and ``group``); ``None`` when the relay takes
+        every client.
     :ivar requested_model: the ``model`` of its body, if it named one.
     """
 
@@ -416,7 +429,9 @@ class RelayedRequest:
         :raises ThreadError: the API's own answer (not found, already
             continued, in flight, changed ``system``/``tools``, malformed).
         """
-        credential = credential_of(self.request.requestHeaders)
+        # A signed-in person's threads are theirs whatever session token they present.
+        sub = getattr(self.relay_key, "sub", None)
+        credential = "person:" + sub if sub else credential_of(self.request.requestHeaders)
         opened = await self.wait(
             self.context.threads.open_with(body.head, owner_of(credential), body.thread_request)
         )
@@ -518,7 +533,9 @@ def upstream_path(request) -> str:
 def _admit(context: RequestContext, request) -> RelayKey | None:
     """
     Refuse a request the relay must not take now, and say why; return the
-    relay key it presented (``None`` when the relay takes every client).
+    relay key it presented, or the signed-in person (a
+    :class:`~twisted_relay.signin.person.Person`, who stands where a relay
+    key does); ``None`` when the relay takes every client.
     """
     # While draining, requests on connections still open are served (a
     # load balancer does not resend a refused POST); each such
@@ -527,12 +544,16 @@ def _admit(context: RequestContext, request) -> RelayKey | None:
     if context.admin_keys and key_presented(context.admin_keys, request.requestHeaders, basic=True) is not None:
         # Not even on a relay open to every client, where it would go upstream.
         raise RelayError(401, "An admin key is not accepted here; present a relay key.", should_retry=False)
-    if context.relay_keys:
+    if context.signin is not None:
+        # A session token that is not good (now) is refused here: 401.
+        relay_key = context.signin.person_presented(request.requestHeaders)
+    if relay_key is None and (context.relay_keys or context.signin is not None):
         relay_key = key_presented(context.relay_keys, request.requestHeaders)
         if relay_key is None:
             raise RelayError(
                 401,
-                "The relay requires a relay key in x-api-key or Authorization: Bearer.",
+                "The relay requires a relay key in x-api-key or Authorization: Bearer"
+                + (", or signing in (claude auth login)." if context.signin is not None else "."),
             )
     limit = context.config.max_concurrent
     if limit and context.in_flight.count > limit:

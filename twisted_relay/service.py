@@ -283,8 +283,8 @@ class _RelayService(MultiService):
         if self.describe is not None:
             self.log.info(
                 "twisted-relay {version} listening on {listen}; upstream {upstream} (ids: {upstream_ids}); "
-                "upstream key: {upstream_key}; relay keys: {relay_keys}; dumps: {dump_dir}; usage ledger: {usage_db}; "
-                "workers: {workers}",
+                "upstream key: {upstream_key}; relay keys: {relay_keys}; sign-in: {signin}; dumps: {dump_dir}; "
+                "usage ledger: {usage_db}; workers: {workers}",
                 **self.describe(),
             )
 
@@ -462,6 +462,9 @@ class Relay:
         if self.app.spend is not None:
             # Reads the spend limits every refresh interval; started after the ledger, stopped before it.
             self.app.spend.setServiceParent(self.service)
+        if self.app.signin is not None:
+            # Reads the revocations every revocation_poll seconds; started after the ledger, stopped before it.
+            self.app.signin.setServiceParent(self.service)
         if config.simulate:
             _SimulatedUpstreamService(
                 reactor, self.client, config.simulate, dict(config.simulate_options), self._cloud
@@ -506,7 +509,9 @@ class Relay:
             "upstream_ids": first.ids,
             "upstream_key": "set" if first.keys else "none (clients' own credentials pass through)",
             "upstream_key_set": bool(first.keys),
-            "relay_keys": ("%d" % len(config.relay_keys)) if config.relay_keys else "none (every client is let in)",
+            "relay_keys": ("%d" % len(config.relay_keys)) if config.relay_keys
+            else "none" if config.signin is not None else "none (every client is let in)",
+            "signin": "off" if config.signin is None else "%s (issuer %s)" % (config.signin.public_url, config.signin.issuer),
             "relay_key_count": len(config.relay_keys),
             "dump_dir": os.path.abspath(config.dump_dir) if config.dump_dir else "off",
             "usage_db": self.ledger.database.description if self.ledger is not None else "off",

@@ -351,8 +351,8 @@ def _with_file(config: RelayConfig, settings: FileSettings, given: set) -> Relay
             raise SettingsError(
                 "%s: [relay-keys] holds a key that is an admin key (--admin-keys); give each its own." % (settings.path,)
             )
-    if settings.prices is not None:
-        changes["prices"] = settings.prices
+    # The file's [prices] and [signin], when it has them.
+    changes.update({name: getattr(settings, name) for name in ("prices", "signin") if getattr(settings, name) is not None})
     return config.with_changes(**changes)
 
 

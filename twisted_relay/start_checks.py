@@ -187,6 +187,10 @@ def start_checks_for(config: RelayConfig, reactor=None, *, logins: bool = True) 
                 (OSError,),
             )
         )
+    if config.signin is not None:
+        checks.append(StartCheck("cannot sign in", _signin_libraries, (ImportError,)))
+    if config.signin is not None and config.workers > 1 and config.usage_db is None:
+        checks.append(StartCheck("cannot sign in with --workers", _signin_needs_a_database, (ValueError,)))
     if config.simulate == "bedrock":
         # The simulated Bedrock checks each signature with botocore, as AWS would.
         from twisted_relay.logins.aws import require_botocore
@@ -218,3 +222,17 @@ def login_gets_credentials(upstream, reactor) -> None:
         text = str(e)
         raise LoginError(text[len(where):] if text.startswith(where) else text) from None
     login.check()
+
+
+def _signin_needs_a_database() -> None:
+    """Worker processes share sign-ins (grants, refresh tokens, revocations) through the ledger's database only."""
+    raise ValueError("the worker processes share sign-ins through the usage ledger's database: give --usage-db")
+
+
+def _signin_libraries() -> None:
+    """Sign-in's libraries (joserfc, authlib), or one line naming the extra that installs them."""
+    try:
+        import authlib  # noqa: F401
+        import joserfc  # noqa: F401
+    except ImportError as e:
+        raise ImportError("%s is not installed: pip install 'twisted-relay[signin]'" % (e.name,)) from None

@@ -1,0 +1,160 @@
+"""
+Issue 34 with the real Claude Code CLI (2.1.332, ``.ci/run``'s, named by
+``$TWISTED_RELAY_CLAUDE_CODE``; skipped without it): ``claude auth login
+--gateway-json`` signs in through the relay and the simulated identity
+provider (the test plays the person at the browser when the CLI says it is
+polling), ``claude auth status`` says so, ``claude -p`` is answered through
+the relay with the session bearer, after a refresh the short session lifetime
+asks for, and metered under the person; ``claude auth logout`` revokes, and
+the token is refused afterwards. Nothing reaches outside 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+
+from twisted.internet import defer, error, reactor
+from twisted.internet.protocol import ProcessProtocol
+from twisted.trial.unittest import TestCase
+from twisted.web.server import Site
+
+from bench.claude_code import Trap, installed_cli, run_cli
+from tests.test_signin_flow import _World, session
+
+CLAUDE, NOT_INSTALLED = installed_cli()
+
+
+class _GatewayLogin(ProcessProtocol):
+    """
+    ``claude auth login --gateway-json`` on pipes: each JSON line it writes is
+    answered as the person would (accept the URL, the trust prompt, the
+    account); at ``polling`` the browser step runs (``sign_in(state)``).
+    Standard input stays open until ``done`` or ``error`` (EOF cancels).
+    """
+
+    def __init__(self, sign_in):
+        self.sign_in = sign_in
+        self.states: list[dict] = []
+        self.ended: defer.Deferred = defer.Deferred()
+        self.browser: defer.Deferred | None = None
+        self._buffer = b""
+        self.stderr = b""
+
+    def outReceived(self, data: bytes) -> None:
+        self._buffer += data
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            try:
+                state = json.loads(line)
+            except ValueError:
+                continue
+            self.states.append(state)
+            name = state.get("state")
+            if name in ("url_input", "trust_prompt", "confirm_account"):
+                answer = {"state": name, "shown": state.get("shown"), "accept": True}
+                self.transport.write(json.dumps(answer).encode("utf-8") + b"\n")
+            elif name == "polling" and self.browser is None:
+                self.browser = defer.ensureDeferred(self.sign_in(state))
+            elif name in ("done", "error"):
+                self.transport.closeStdin()
+
+    def errReceived(self, data: bytes) -> None:
+        self.stderr += data
+
+    def processEnded(self, reason) -> None:
+        self.ended.callback(reason.value.exitCode)
+
+
+class ClaudeCodeSignInTests(TestCase):
+    skip = NOT_INSTALLED
+    timeout = 180
+
+    async def test_login_prompt_logout(self):
+        world = _World(self)
+        # Under 5 minutes: the CLI refreshes before its first request.
+        relay = world.relay(session_ttl=120)
+        folder = tempfile.mkdtemp(prefix="claude-code-signin-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        home, project = os.path.join(folder, "home"), os.path.join(folder, "project")
+        os.makedirs(os.path.join(home, ".claude"))
+        os.makedirs(project)
+        with open(os.path.join(home, ".claude", "settings.json"), "w") as f:
+            json.dump({"forceLoginMethod": "gateway", "forceLoginGatewayUrl": relay}, f)
+        trap = Trap()
+        trap_port = reactor.listenTCP(0, Site(trap), interface="127.0.0.1")
+        self.addCleanup(trap_port.stopListening)
+        trap_url = "http://127.0.0.1:%d" % (trap_port.getHost().port,)
+        environment = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1", "HTTPS_PROXY": trap_url, "HTTP_PROXY": trap_url, "NO_PROXY": "127.0.0.1",
+        }
+
+        async def sign_in(state: dict) -> None:
+            grant = {"verification_uri": relay + "/device", "user_code": state["userCode"],
+                     "verification_uri_complete": state.get("browserUrl") or state["verificationUri"]}
+            done = await world.browser_signs_in(grant, "alice@example.com", session())
+            self.assertEqual(done.status_code, 200, done.text)
+
+        login = _GatewayLogin(sign_in)
+        process = reactor.spawnProcess(login, CLAUDE, [CLAUDE, "auth", "login", "--gateway-json"], env=environment,
+                                       path=project)
+        timer = reactor.callLater(90, lambda: _kill(process))
+        code = await login.ended
+        if timer.active():
+            timer.cancel()
+        names = [state.get("state") for state in login.states]
+        self.assertEqual((code, names[-1]), (0, "done"), (login.states, login.stderr[-2000:]))
+        self.assertIn("polling", names)
+        self.assertIn("confirm_account", names)
+        with open(os.path.join(home, ".claude", ".credentials.json")) as f:
+            gateway = json.load(f)["enterpriseGateway"]
+        self.assertEqual((gateway["email"], gateway["revocationEndpoint"]), ("alice@example.com", relay + "/oauth/revoke"))
+        self.assertTrue(gateway["idpRefreshToken"])
+
+        redeemed = world.idp.requests["token"]
+        status = await run_cli(reactor, [CLAUDE, "auth", "status", "--json"], environment, project, 60)
+        self.assertTrue(json.loads(status.stdout)["loggedIn"], status.stdout)
+
+        debug = os.path.join(folder, "debug.log")
+        # The simulated model calls a tool whenever it has one: one tool, two turns, then the CLI stops.
+        answered = await run_cli(reactor, [CLAUDE, "-p", "Reply with pong", "--output-format", "json", "--tools", "Read",
+                                           "--allowedTools", "Read", "--max-turns", "2", "--debug-file", debug],
+                                 environment, project, 90)
+        if answered.timed_out or answered.result.get("api_error_status") is not None or not answered.result:
+            with open(debug, encoding="utf-8", errors="replace") as f:
+                shown = f.read()[-6000:]
+            self.fail((answered.stdout[-2000:], answered.stderr[-2000:], shown,
+                       [line for line in world.logged if "relay_request" in line or "method" in line][-10:]))
+        # The short session was refreshed (the provider asked again), and no request failed for it.
+        self.assertGreater(world.idp.requests["token"], redeemed)
+        statuses = re.findall(r"'path': '/v1/messages', 'status': (\d+)", "\n".join(world.logged))
+        self.assertTrue(statuses)
+        self.assertEqual(set(statuses), {"200"})
+        rows = await world.ledger_rows(1)
+        self.assertTrue(rows and set(rows) == {("alice@example.com", "platform")}, rows)
+
+        with open(os.path.join(home, ".claude", ".credentials.json")) as f:
+            session_token = json.load(f)["enterpriseGateway"]["jwt"]
+        logout = await run_cli(reactor, [CLAUDE, "auth", "logout"], environment, project, 60)
+        self.assertEqual(logout.code, 0, logout.stderr[-2000:])
+        refused = await world.message(relay, session_token)
+        self.assertEqual((refused.status_code, refused.headers["x-should-retry"]), (401, "false"))
+        after = await run_cli(reactor, [CLAUDE, "auth", "status", "--json"], environment, project, 60)
+        self.assertNotEqual(after.code, 0)
+        self.assertEqual(trap.caught, [])
+        logged = "\n".join(world.logged)
+        for secret in (session_token, gateway["idpRefreshToken"]):
+            self.assertNotIn(secret, logged)
+
+
+def _kill(process) -> None:
+    try:
+        process.signalProcess("KILL")
+    except error.ProcessExitedAlready:
+        pass
+
