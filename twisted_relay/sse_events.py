@@ -148,7 +148,9 @@ class EventFramer:
 
     def append(self, data: bytes) -> None:
         """Add received bytes without taking events (see :meth:`next_end`)."""
-        if not self._cr and b"\r" in data:
+        # (An int's membership is a plain byte search; a bytes' first fails
+        # as an index, at the cost of an exception made and cleared.)
+        if not self._cr and _CR in data:
             self._cr = True
         self._marked_last = -1
         if self.position == len(self.buffer):
@@ -370,7 +372,8 @@ def event_data_at(buf: bytes | bytearray, start: int, end: int, cr: bool = True)
             value = line + 5
             if value < end - 2 and buf[value] == 32:
                 value += 1
-            return copy_range(buf, value, end - 2)
+            data = buf[value : end - 2]
+            return data if type(data) is bytes else bytes(data)
     return parse_event(copy_range(buf, start, end))[1].encode("utf-8")
 
 

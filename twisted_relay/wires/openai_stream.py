@@ -19,10 +19,19 @@ from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
+from twisted_relay._json import to_json
 from twisted_relay.sse_events import EventFramer, EventTooLarge, event_data_at, sse_event
 from twisted_relay.wires.base import Refusal, anthropic_error
 
 __all__ = ["OpenAIStreamAnswer", "OpenAIStreamToSSE", "gate_events", "openai_refusal", "sse_of"]
+
+
+# The event most of a stream is: a text delta, as sse_event writes one (its
+# payload as MessageEvents makes it), with only its text left to serialise.
+_TEXT_DELTA = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+    b'"delta":{"type":"text_delta","text":%s}}\n\n'
+)
 
 
 def gate_events(events) -> list[tuple[bytes, dict, bytes]]:
@@ -33,8 +42,12 @@ def gate_events(events) -> list[tuple[bytes, dict, bytes]]:
     """
     framed = []
     for name, payload in events:
-        name = name.encode("ascii")
-        framed.append((name, payload, sse_event(name, payload)))
+        if name == "content_block_delta" and payload["delta"]["type"] == "text_delta":
+            raw = _TEXT_DELTA % (payload["index"], to_json(payload["delta"]["text"]))
+            framed.append((b"content_block_delta", payload, raw))
+        else:
+            name = name.encode("ascii")
+            framed.append((name, payload, sse_event(name, payload)))
     return framed
 
 
@@ -62,11 +75,7 @@ class OpenAIStreamToSSE(Protocol):
         self._translator = translator
         self._framer = EventFramer()
         self._failed = False
-        events_received = getattr(inner, "eventsReceived", None)
-        self._hand_on = (
-            (lambda events: events_received(gate_events(events))) if events_received is not None
-            else (lambda events: inner.dataReceived(sse_of(events)))
-        )
+        self._events_received = getattr(inner, "eventsReceived", None)
 
     def makeConnection(self, transport) -> None:
         Protocol.makeConnection(self, transport)
@@ -77,7 +86,7 @@ class OpenAIStreamToSSE(Protocol):
             return
         framer, translator = self._framer, self._translator
         framer.append(data)
-        buf = framer.buffer
+        buf, cr = framer.buffer, framer.line_ends_vary
         events = []
         try:
             while True:
@@ -85,7 +94,7 @@ class OpenAIStreamToSSE(Protocol):
                 end = framer.next_end()
                 if end < 0:
                     break
-                text = event_data_at(buf, start, end, framer.line_ends_vary)
+                text = event_data_at(buf, start, end, cr)
                 if not text:
                     continue
                 if text.strip() == b"[DONE]":
@@ -103,6 +112,13 @@ class OpenAIStreamToSSE(Protocol):
         framer.compact()
         # An empty read still tells the gate that the upstream is alive.
         self._hand_on(events)
+
+    def _hand_on(self, events: list) -> None:
+        """Hand Anthropic's events on: to the gate as events, to any other protocol as SSE bytes."""
+        if self._events_received is not None:
+            self._events_received(gate_events(events))
+        else:
+            self._inner.dataReceived(sse_of(events))
 
     def _fail(self, why: str) -> None:
         self._failed = True
