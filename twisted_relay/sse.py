@@ -14,6 +14,11 @@ thinking block's ``signature_delta`` (the translator marks it with its maker).
 With a usage reader (``on_usage``), ``message_delta`` is parsed too (one per
 answer). Every other event is never parsed and leaves as the very bytes that
 came in.
+
+A wire that makes Anthropic's events itself (an OpenAI stream translated)
+hands them over already parsed and serialised (:meth:`SSEGate.eventsReceived`):
+the same events are decided from their payloads, by the same code, and the
+others leave as the bytes the wire made; nothing is framed or parsed again.
 """
 
 from __future__ import annotations
