@@ -12,10 +12,11 @@ event per read, as a paced stream arrives:
 
 - ``gate``: the Anthropic wire, the event into the gate;
 - ``responses``: the Responses wire, the event through
-  ``OpenAIStreamToSSE`` (framing, ``parse_event``, ``ujson.loads``, the
-  translator, ``sse_of``) into the gate;
-- then each stage alone on the same event: framing, ``parse_event``,
-  ``ujson.loads``, ``ResponsesStream.feed``, ``sse_of``;
+  ``OpenAIStreamToSSE`` (framing, ``event_data_at``, ``ujson.loads``, the
+  translator, ``gate_events``) into the gate's ``eventsReceived``;
+- then each stage alone on the same event: framing, ``event_data_at``,
+  ``ujson.loads``, ``ResponsesStream.feed``, ``gate_events`` (the text
+  delta written from its template), the gate's ``eventsReceived``;
 - per stream, a whole one-second stream of 50 deltas, one event per read,
   from the first event to the last (its head and tail included: Responses'
   ``.done`` events and ``response.completed`` repeat the whole text).
@@ -43,9 +44,9 @@ from bench.fake_upstream import (  # noqa: E402
 from twisted_relay.openai.context import TranslateContext  # noqa: E402
 from twisted_relay.openai.responses_answer import ResponsesStream  # noqa: E402
 from twisted_relay.sse import SSEGate  # noqa: E402
-from twisted_relay.sse_events import EventFramer, parse_event  # noqa: E402
+from twisted_relay.sse_events import EventFramer, event_data_at, parse_event  # noqa: E402
 from twisted_relay.translation import translate_request  # noqa: E402
-from twisted_relay.wires.openai_stream import OpenAIStreamToSSE, sse_of  # noqa: E402
+from twisted_relay.wires.openai_stream import OpenAIStreamToSSE, gate_events  # noqa: E402
 
 ROUNDS = 5
 EVENTS = 100_000
@@ -118,20 +119,31 @@ def fresh_responses_wire() -> OpenAIStreamToSSE:
 def main() -> None:
     anthropic = delta_event(STAMP)
     responses = _RESPONSES_DELTA_TEMPLATE % (STAMP,)
-    text = parse_event(responses)[1]
+    text = parse_event(responses)[1].encode("utf-8")
     parsed = ujson.loads(text)
     stream = translator()
     translated = stream.feed(parsed)
     print("One paced text delta (%d bytes as Anthropic's SSE, %d as a Responses event); CPU, best of %d rounds"
           % (len(anthropic), len(responses), ROUNDS))
+    framer = EventFramer()
+
+    def framing(raw: bytes) -> None:
+        # As the wire frames a read: its events taken in place, then dropped.
+        framer.append(raw)
+        while framer.next_end() >= 0:
+            pass
+        framer.compact()
+
+    events = gate_events(translated)
     figures = [
         ("gate (the Anthropic wire)", gate().dataReceived, anthropic),
         ("responses wire, gate included", responses_wire().dataReceived, responses),
-        ("  framing (EventFramer.feed)", EventFramer().feed, responses),
-        ("  parse_event", parse_event, responses),
+        ("  framing (EventFramer)", framing, responses),
+        ("  event_data_at", lambda raw: event_data_at(raw, 0, len(raw), False), responses),
         ("  ujson.loads", ujson.loads, text),
         ("  ResponsesStream.feed", stream.feed, parsed),
-        ("  sse_of", sse_of, translated),
+        ("  gate_events", gate_events, translated),
+        ("  the gate's eventsReceived", gate().eventsReceived, events),
     ]
     base = None
     for label, step, argument in figures:

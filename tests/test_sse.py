@@ -27,10 +27,18 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 
+import twisted_relay.sse as sse
 from twisted_relay.errors import RelayError
 from twisted_relay.sse import PING_EVENT, SSEGate
-from twisted_relay.sse_events import EventFramer, EventTooLarge, event_name, parse_event
-from twisted_relay.translation import ORIGINAL, UNIQUE, translate_request
+from twisted_relay.sse_events import (
+    EventFramer,
+    EventTooLarge,
+    event_data_at,
+    event_name,
+    event_name_at,
+    parse_event,
+)
+from twisted_relay.translation import ORIGINAL, UNIQUE, UpstreamRules, translate_request
 
 # -- recorded streams ----------------------------------------------------------
 
@@ -741,6 +749,57 @@ class EventNameTests(SynchronousTestCase):
             self.assertEqual(event_name(raw), None if name is None else name.encode(), raw)
 
 
+class EventDataTests(SynchronousTestCase):
+    """:func:`event_data_at` gives an event's data as :func:`parse_event` does, in UTF-8 bytes."""
+
+    def _check(self, raw: bytes) -> None:
+        expected = parse_event(raw)[1].encode("utf-8")
+        others = b'event: x\ndata: {"before": 1}\n\n', b'data: {"after": 2}\n\n'
+        for cr in (True,) if b"\r" in raw else (True, False):
+            for buf in (raw, others[0] + raw + others[1], bytearray(others[0] + raw)):
+                start = 0 if buf is raw else len(others[0])
+                data = event_data_at(buf, start, start + len(raw), cr)
+                self.assertEqual((type(data), data), (bytes, expected), (raw, cr, type(buf)))
+
+    def test_shapes(self):
+        """The common shape and every other one: a space or none, comments, several data lines, no data."""
+        for raw in (
+            b'event: response.output_text.delta\ndata: {"delta": "data: x"}\n\n',
+            b'data: {"choices": []}\n\n',
+            b"data:[DONE]\n\n",
+            b"data:  two spaces, one kept\n\n",
+            b": a comment\ndata: 1\n\n",
+            b"data: 1\ndata: 2\n\n",
+            b"event: data\ndata: 1\n\n",
+            b"data: 1\nevent: late\n\n",
+            b"data\n\n",
+            b"event: ping\n\n",
+            b"\n",
+            b"data: 1\r\n\r\n",
+            "data: caf\u00e9 \u2028\n\n".encode("utf-8"),
+        ):
+            self._check(raw)
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["event", "data", ":", "id", "x", "data", "event"]),
+                st.sampled_from(["", ":", ": ", ":  "]),
+                st.text(alphabet="ab \u00e9:{}\u2028", max_size=6),
+                st.sampled_from(["\n", "\r\n", "\r"]),
+            ),
+            min_size=1,
+            max_size=6,
+        )
+    )
+    def test_generated_like_parse_event(self, lines):
+        """For generated events, in a buffer of others or alone, the data is parse_event's."""
+        lines = [line for line in lines if "".join(line[:3])]
+        raw = "".join("".join(line) for line in lines) + (lines[-1][3] if lines else "\n")
+        self._check(raw.encode("utf-8"))
+
+
 # -- the gate: recorded streams over every split ---------------------------
 
 
@@ -996,6 +1055,177 @@ class GateStreamTests(SynchronousTestCase):
         gate.connectionLost(_done())
         self.assertEqual(sink.value(), stream)
         self.assertIsNone(self.successResultOf(gate.done))
+
+
+# -- the gate: events a wire made itself ---------------------------------------
+
+
+def _as_events(raws) -> list[tuple[bytes, dict, bytes]]:
+    """Events as a wire hands them to the gate: each one's name, its data parsed, its bytes."""
+    events = []
+    for raw in raws:
+        name, data = parse_event(raw)
+        events.append((name.encode("utf-8"), json.loads(data), raw))
+    return events
+
+
+def _groups(events: list, seed: int) -> list[list]:
+    """``events`` in runs of seeded random lengths (a read holds one or several)."""
+    rnd, groups, i = random.Random(seed), [], 0
+    while i < len(events):
+        size = rnd.randint(1, 4)
+        groups.append(events[i : i + size])
+        i += size
+    return groups
+
+
+class GateEventsTests(SynchronousTestCase):
+    """
+    Events a wire made itself reach the gate parsed (``eventsReceived``:
+    name, data, bytes) and are decided and written exactly as their bytes
+    would be through ``dataReceived``: the same writes, ids, signatures,
+    usage, errors and ending; without being framed or parsed again.
+    """
+
+    #: Streams a wire can make: one ``event`` and one ``data`` line each.
+    NAMES = ("tool_use", "server_tool", "thinking", "non_ascii", "message_start")
+
+    def _gate(self, body: dict, rules):
+        seen = {"rewrites": [], "usage": [], "errors": []}
+        gate, sink, _, _ = _gate(
+            translate_request(body, rules).response(),
+            on_rewrite=seen["rewrites"].append,
+            on_usage=lambda name, payload: seen["usage"].append((name, json.dumps(payload))),
+            on_error_event=seen["errors"].append,
+            redact_error=lambda raw: raw.replace(b"Overloaded", b"[REDACTED]"),
+        )
+        return gate, sink, seen
+
+    def test_as_their_bytes(self):
+        """
+        Every stream, fresh and colliding, under each upstream's rules
+        (one that marks thinking too), in reads of one event, of all, and
+        of random runs: what the client gets and what the gate reports
+        are those of the same bytes; none is framed or parsed again.
+        """
+        read = []
+        self.patch(sse, "parse_event", lambda raw: read.append(raw) or parse_event(raw))
+        self.patch(sse, "event_name_at", lambda *args: read.append(args) or event_name_at(*args))
+        marking = UpstreamRules(name="anthropic", policy=UNIQUE, mark_thinking=True)
+        streams = [STREAMS[name][:2] for name in self.NAMES] + [(ERROR_STREAM, TOOL_HISTORY)]
+        for stream, history in streams:
+            events, tail = _reference_frame(stream)
+            self.assertEqual(tail, b"")
+            for rules in (UNIQUE, ORIGINAL, marking):
+                for body in (FRESH, history):
+                    for label, groups in [("one a read", [[e] for e in events]), ("all in one", [events])] + [
+                        ("seed %d" % (seed,), _groups(events, seed)) for seed in range(5)
+                    ]:
+                        where = "%s, %s, %s" % (event_name(events[1]), rules, label)
+                        by_bytes, bytes_sink, bytes_seen = self._gate(body, rules)
+                        for group in groups:
+                            by_bytes.dataReceived(b"".join(group))
+                        del read[:]
+                        by_events, events_sink, events_seen = self._gate(body, rules)
+                        for group in groups:
+                            by_events.eventsReceived(_as_events(group))
+                        self.assertEqual(read, [], where)
+                        for gate in (by_bytes, by_events):
+                            gate.connectionLost(_done())
+                            self.assertIsNone(self.successResultOf(gate.done), where)
+                        self.assertEqual(events_sink.writes, bytes_sink.writes, where)
+                        self.assertEqual(events_seen, bytes_seen, where)
+                        for counter in ("events_rewritten", "message_stop_seen", "error_event_seen",
+                                        "bytes_received", "bytes_written"):
+                            self.assertEqual(getattr(by_events, counter), getattr(by_bytes, counter),
+                                             (counter, where))
+        # The colliding thinking stream under the marking rules: its id and signature both changed.
+        by_events, sink, _ = self._gate(THINK_HISTORY, marking)
+        by_events.eventsReceived(_as_events(_reference_frame(THINKING_STREAM)[0]))
+        self.assertEqual(by_events.events_rewritten, 2)
+        self.assertNotIn(b'"id":"' + THINK_TOOLU.encode() + b'"', sink.value())
+
+    def test_payload_is_not_read_again(self):
+        """The gate reads the payload it is given, not the bytes: a rewrite is made of the payload."""
+        events = _as_events(_reference_frame(TOOL_USE_STREAM)[0])
+        name, payload, raw = events[5]
+        payload["content_block"]["name"] = "from_the_payload"
+        gate, sink, _ = self._gate(TOOL_HISTORY, UNIQUE)
+        gate.eventsReceived(events)
+        self.assertIn(b'"name":"from_the_payload"', sink.value())
+        self.assertIn(b'"id":"' + TOOLU.encode() + b'-2"', sink.value())
+
+    def test_wait_behind_a_pause(self):
+        """Events that come while paused are held, and written in one go, in order and decided, on resume."""
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        gate, sink, transport, _ = _gate(translate_request(TOOL_HISTORY).response())
+        gate.eventsReceived(_as_events(events[:2]))
+        gate.pauseProducing()
+        gate.eventsReceived(_as_events(events[2:6]))
+        gate.eventsReceived(_as_events(events[6:]))
+        self.assertEqual(sink.writes, [b"".join(events[:2])])
+        self.assertEqual(transport.producerState, "paused")
+        gate.resumeProducing()
+        rewritten = _rewritten(events[5], {TOOLU: TOOLU + "-2"})
+        self.assertEqual(sink.writes[1:], [b"".join(events[2:5]) + rewritten + b"".join(events[6:])])
+        gate.connectionLost(_done())
+        self.assertIsNone(self.successResultOf(gate.done))
+
+    def test_client_write_pauses(self):
+        """A write that pauses the gate (a full client buffer): the next events wait for the resumption."""
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        writes = []
+
+        def write(data):
+            writes.append(data)
+            gate.pauseProducing()
+
+        gate = SSEGate(write, None, clock=Clock())
+        gate.makeConnection(StringTransport())
+        gate.eventsReceived(_as_events(events[:1]))
+        gate.eventsReceived(_as_events(events[1:2]))
+        gate.eventsReceived(_as_events(events[2:3]))
+        self.assertEqual(writes, [events[0]])
+        gate.resumeProducing()
+        self.assertEqual(writes, [events[0], events[1] + events[2]])
+
+    def test_nothing_after_the_end(self):
+        """After the client went away, events are dropped: nothing written."""
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        gate, sink, _, _ = _gate()
+        gate.stopProducing()
+        gate.eventsReceived(_as_events(events))
+        self.assertEqual(sink.writes, [])
+        self.failureResultOf(gate.done, CancelledError)
+
+    def test_no_events_is_news_of_the_upstream(self):
+        """A read that made no event still tells the idle timer that the upstream is alive."""
+        gate, _, _, clock = _gate(idle_timeout=30)
+        for _ in range(3):
+            clock.advance(20)
+            gate.eventsReceived([])
+        self.assertNoResult(gate.done)
+        clock.advance(31)
+        self.assertEqual(self.failureResultOf(gate.done, RelayError).value.status, 504)
+
+    def test_translator_bug(self):
+        """A translator that raises fails the stream with a 500 and writes nothing of the read."""
+
+        class Broken:
+            rewrites = []
+
+            def translate_block(self, block):
+                raise ZeroDivisionError()
+
+            translate_message = translate_block
+
+        events, _ = _reference_frame(TOOL_USE_STREAM)
+        gate, sink, transport, _ = _gate(Broken())
+        gate.eventsReceived(_as_events(events[:2]))
+        self.assertEqual(self.failureResultOf(gate.done, RelayError).value.status, 500)
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        self.assertEqual(transport.producerState, "stopped")
+        self.assertEqual(sink.value(), b"")
 
 
 # -- the gate: flow control ------------------------------------------------

@@ -14,6 +14,11 @@ thinking block's ``signature_delta`` (the translator marks it with its maker).
 With a usage reader (``on_usage``), ``message_delta`` is parsed too (one per
 answer). Every other event is never parsed and leaves as the very bytes that
 came in.
+
+A wire that makes Anthropic's events itself (an OpenAI stream translated)
+hands them over already parsed and serialised (:meth:`SSEGate.eventsReceived`):
+the same events are decided from their payloads, by the same code, and the
+others leave as the bytes the wire made; nothing is framed or parsed again.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
-from twisted_relay._json import to_json
 from twisted_relay.errors import RelayError
 from twisted_relay.upstream_agent import UpstreamTimer
 from twisted_relay.sse_events import (
@@ -40,6 +44,7 @@ from twisted_relay.sse_events import (
     copy_range,
     event_name_at,
     parse_event,
+    sse_event,
 )
 
 if TYPE_CHECKING:
@@ -105,6 +110,12 @@ def _unterminated_last_event(pending: bytes, reason: Failure | None) -> bytes | 
     if pending.endswith((b"\n", b"\r")):
         return pending[-1:]
     return b"\n\n"
+
+
+def _signs(payload: dict) -> bool:
+    """Whether a ``content_block_delta``'s payload is a thinking block's ``signature_delta``."""
+    delta = payload.get("delta")
+    return isinstance(delta, dict) and delta.get("type") == "signature_delta"
 
 
 def _ending(reason: Failure | None) -> str:
@@ -224,9 +235,7 @@ class SSEGate(Protocol):
         """Frame a chunk and write its complete events in one write."""
         if self.done.called:
             return
-        self.bytes_received += len(data)
-        if self._idle_call is not None or self._ping_call is not None:
-            self._last_byte = self._quiet_since = self._clock.seconds()
+        self._heard(len(data))
         if self._busy:
             # A callback of ours led here: the outer call is mid-buffer.
             self._held.append(data)
@@ -234,6 +243,49 @@ class SSEGate(Protocol):
             return
         self._framer.append(data)
         self._drain()
+
+    def eventsReceived(self, events: list[tuple[bytes, dict, bytes]]) -> None:
+        """
+        Take whole events that a wire made itself (its translation of
+        another protocol's stream), as ``(name, payload, raw)``: the event's
+        name, its data parsed (a dict, the gate's from now on: the
+        translator changes it in place) and its bytes, which ``payload``
+        is, serialised. They are decided and written as :meth:`dataReceived`
+        decides and writes ``raw``, in one write, without being framed or
+        parsed again. While anything waits (a pause, events not yet
+        written, a call of ours under way) they join it as ``raw``, through
+        :meth:`dataReceived`.
+        """
+        framer = self._framer
+        if self._busy or self._paused or self.done.called or framer.position != len(framer.buffer):
+            self.dataReceived(b"".join([raw for _, _, raw in events]))
+            return
+        self._busy, self._again = True, False
+        try:
+            received = 0
+            pieces = []
+            for name, payload, raw in events:
+                received += len(raw)
+                if name in self._parsed or (
+                    name == _CONTENT_BLOCK_DELTA and self._marks_thinking and _signs(payload)
+                ):
+                    replacement = self._decide(name, raw, payload)
+                    pieces.append(raw if replacement is None else replacement)
+                else:
+                    if name == _MESSAGE_STOP:
+                        self.message_stop_seen = True
+                    pieces.append(raw)
+            self._heard(received)
+            out = b"".join(pieces)
+            if out:
+                self._send(out)
+        except Exception:
+            self._internal_failure()
+        finally:
+            self._busy = False
+        if self._again:
+            # Data came, or a resumption, while the events were written.
+            self._drain()
 
     def connectionLost(self, reason: Failure = None) -> None:
         """
@@ -380,25 +432,27 @@ class SSEGate(Protocol):
             message = "The upstream sent an event larger than %d bytes." % (too_large.limit,)
             self._fail(RelayError(502, message))
 
-    def _decide(self, name: bytes, raw: bytes) -> bytes | None:
+    def _decide(self, name: bytes, raw: bytes, payload: dict | None = None) -> bytes | None:
         """
-        Parse one event that may carry ids; return its new bytes when the
-        translator changed it, else ``None`` (the original bytes stay).
+        Decide one event that may carry ids, parsed from ``raw`` unless
+        ``payload`` is given; return its new bytes when the translator
+        changed it, else ``None`` (the original bytes stay).
         """
         if name == _ERROR:
             # The upstream reported its own end, readable or not.
             self.error_event_seen = True
-            return self._error_event(raw)
-        try:
-            payload = ujson.loads(parse_event(raw)[1])
-        except ValueError:
-            self.log.warn(
-                "An upstream {name} event is not JSON; passed through.",
-                name=name.decode("ascii", "replace"),
-            )
-            return None
-        if not isinstance(payload, dict):
-            return None
+            return self._error_event(raw, payload)
+        if payload is None:
+            try:
+                payload = ujson.loads(parse_event(raw)[1])
+            except ValueError:
+                self.log.warn(
+                    "An upstream {name} event is not JSON; passed through.",
+                    name=name.decode("ascii", "replace"),
+                )
+                return None
+            if not isinstance(payload, dict):
+                return None
         if self._on_usage is not None and (name == _MESSAGE_START or name == _MESSAGE_DELTA):
             self._on_usage(name, payload)
             if name == _MESSAGE_DELTA:
@@ -427,24 +481,31 @@ class SSEGate(Protocol):
         if not changed:
             return None
         self.events_rewritten += 1
-        return b"event: " + name + b"\ndata: " + to_json(payload) + b"\n\n"
+        return sse_event(name, payload)
 
-    def _error_event(self, raw: bytes) -> bytes | None:
+    def _error_event(self, raw: bytes, payload: dict | None) -> bytes | None:
         """
-        Report an upstream ``error`` event; return its bytes with secrets
-        removed when that changed them, else ``None``.
+        Report an upstream ``error`` event (parsed from ``raw`` unless
+        ``payload`` is given); return its bytes with secrets removed when
+        that changed them, else ``None``.
         """
-        try:
-            payload = ujson.loads(parse_event(raw)[1])
-        except ValueError:
-            self.log.warn("An upstream error event is not JSON; passed through.")
-            payload = None
+        if payload is None:
+            try:
+                payload = ujson.loads(parse_event(raw)[1])
+            except ValueError:
+                self.log.warn("An upstream error event is not JSON; passed through.")
         if isinstance(payload, dict) and self._on_error_event is not None:
             self._on_error_event(payload)
         if self._redact_error is None:
             return None
         redacted = self._redact_error(raw)
         return None if redacted == raw else redacted
+
+    def _heard(self, size: int) -> None:
+        """The upstream sent ``size`` bytes: count them, and tell the timers it is alive."""
+        self.bytes_received += size
+        if self._idle_call is not None or self._ping_call is not None:
+            self._last_byte = self._quiet_since = self._clock.seconds()
 
     def _send(self, data: bytes) -> None:
         self.bytes_written += len(data)

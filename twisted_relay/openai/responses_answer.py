@@ -80,6 +80,22 @@ _EVENT_KINDS = {
     "response.function_call_arguments.delta": "function_call",
     "response.function_call_arguments.done": "function_call",
 }
+# The text events: the part whose text they carry (the name of its key, and the
+# field of its index with the index's default), the field of the text, and
+# whether that is the part's whole text (.done) or a piece of it (.delta).
+_CONTENT = ("content", "content_index", 0)
+_SUMMARY = ("summary", "summary_index", None)
+_TEXT_EVENTS = {
+    "response.output_text.delta": (_CONTENT, "delta", False),
+    "response.output_text.done": (_CONTENT, "text", True),
+    "response.refusal.delta": (_CONTENT, "delta", False),
+    "response.refusal.done": (_CONTENT, "refusal", True),
+    "response.reasoning_text.delta": (_CONTENT, "delta", False),
+    "response.reasoning_text.done": (_CONTENT, "text", True),
+    "response.reasoning_summary_text.delta": (_SUMMARY, "delta", False),
+    "response.reasoning_summary_text.done": (_SUMMARY, "text", True),
+}
+_REFUSALS = frozenset({"response.refusal.delta", "response.refusal.done"})
 _STARTS = frozenset({"response.created", "response.in_progress", "response.queued"})
 _ENDS = frozenset({"response.completed", "response.incomplete"})
 _FAILURES = frozenset({"response.failed", "response.cancelled"})
@@ -90,6 +106,9 @@ _NO_CALL_ID = "The upstream's function call came without its call_id or name."
 
 def _kind_of(event: dict, kind: str) -> str | None:
     """The kind of item an item event belongs to (``None``: not one made into a block)."""
+    found = _EVENT_KINDS.get(kind)
+    if found is not None:
+        return found
     if kind in ("response.output_item.added", "response.output_item.done"):
         item = event.get("item")
         return _KINDS.get(item.get("type")) if isinstance(item, dict) else None
@@ -97,7 +116,7 @@ def _kind_of(event: dict, kind: str) -> str | None:
         part = event.get("part")
         part_type = part.get("type") if isinstance(part, dict) else None
         return "reasoning" if part_type == "reasoning_text" else "message"
-    return _EVENT_KINDS.get(kind)
+    return None
 
 
 def _str(value: Any) -> str:
@@ -151,9 +170,13 @@ class ResponsesStream:
 
     def feed(self, event: dict) -> list[Event]:
         """The Anthropic events of one parsed Responses event (the JSON of a ``data:`` line)."""
-        if not self._out.ended and isinstance(event, dict):
-            kind = event.get("type")
-            if kind in _STARTS:
+        kind = event.get("type") if isinstance(event, dict) else None
+        if not self._out.ended and isinstance(kind, str):
+            # The item events first: a stream is mostly their deltas.
+            item_kind = _EVENT_KINDS.get(kind) or _kind_of(event, kind)
+            if item_kind is not None:
+                self._item_event(event, kind, item_kind)
+            elif kind in _STARTS:
                 self._start(event.get("response"))
             elif kind in _ENDS:
                 self._end(event.get("response"), kind)
@@ -162,10 +185,6 @@ class ResponsesStream:
             elif kind == "error":
                 error = event.get("error")
                 self._out.fail(failure_of(error if isinstance(error, dict) else event, "The upstream reported an error."))
-            elif isinstance(kind, str):
-                item_kind = _kind_of(event, kind)
-                if item_kind is not None:
-                    self._item_event(event, kind, item_kind)
         return self._out.take()
 
     def done(self) -> list[Event]:
@@ -253,9 +272,12 @@ class ResponsesStream:
         return found
 
     def _item_event(self, event: dict, kind: str, item_kind: str) -> None:
-        self._start(None)
-        whole = event.get("item")
-        item_id = event.get("item_id") or (whole.get("id") if isinstance(whole, dict) else None)
+        if not self._out.started:
+            self._start(None)
+        item_id = event.get("item_id")
+        if not item_id:
+            whole = event.get("item")
+            item_id = whole.get("id") if isinstance(whole, dict) else None
         item = self._item_for(item_id, event.get("output_index"), item_kind)
         if item.done:
             return
@@ -307,8 +329,16 @@ class ResponsesStream:
 
     def _apply(self, item: _Item, event: dict, kind: str) -> None:
         """One event of the open item."""
-        self._begin(item)
-        if kind == "response.output_item.added":
+        if not item.opened:
+            self._begin(item)
+        text_event = _TEXT_EVENTS.get(kind)
+        if text_event is not None:
+            # The text events: .delta (a piece), .done (the whole part).
+            (part, index_field, index_default), field, whole = text_event
+            if kind in _REFUSALS:
+                self._refused = True
+            self._text(item, (part, event.get(index_field, index_default)), event.get(field), whole)
+        elif kind == "response.output_item.added":
             self._added(item, event["item"])
         elif kind == "response.output_item.done":
             self._complete(item, event["item"])
@@ -331,18 +361,6 @@ class ResponsesStream:
             text = part.get("text") if isinstance(part, dict) else None
             if kind.endswith(".done") or text:
                 self._text(item, ("summary", event.get("summary_index")), text, whole=True)
-        else:
-            # The text events: .delta (a piece), .done (the whole part).
-            if kind.startswith("response.refusal."):
-                self._refused = True
-            if kind.startswith("response.reasoning_summary_text."):
-                key: tuple = ("summary", event.get("summary_index"))
-            else:
-                key = _part_key(item, event)
-            if kind.endswith(".delta"):
-                self._text(item, key, event.get("delta"), whole=False)
-            else:
-                self._text(item, key, event.get("refusal") if "refusal" in kind else event.get("text"), whole=True)
 
     def _added(self, item: _Item, whole: dict) -> None:
         if item.kind != "function_call":
