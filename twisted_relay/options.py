@@ -171,6 +171,13 @@ FLAGS = [
         "at start, and runs full collections when the heap has doubled, not Python's).",
     ],
     [
+        "simulate-idp",
+        None,
+        "Sign people in with an embedded simulated identity provider, served at /_idp "
+        "(users alice@example.com and bob@example.com; carol@example.com is refused), for a "
+        "keyless demo of claude auth login: no [signin] table, one process, a tcp: --listen on a fixed port.",
+    ],
+    [
         "forward-attribution",
         None,
         "Send Claude Code's attribution headers (x-app, x-claude-code-*) upstream too "

@@ -399,6 +399,13 @@ class Relay:
 
             self._cloud = SimulatedCloud(config.simulate, reactor, dict(config.simulate_options))
             config = config.with_changes(upstreams=(self._cloud.upstream(config.upstreams[0]),))
+        # --simulate-idp: the demo identity provider, on the relay's own listener, and sign-in with it.
+        self._simulated_signin = None
+        if config.simulate_idp and not worker:
+            from twisted_relay.simulated.signin_demo import SimulatedSignIn
+
+            self._simulated_signin = SimulatedSignIn(config.listen[0], reactor)
+            config = config.with_changes(signin=self._simulated_signin.signin)
         self.config = config
         self._reactor = reactor
         self._worker = worker
@@ -492,13 +499,15 @@ class Relay:
             self.app.signin.setServiceParent(self.service)
         if self.managed_settings is not None:
             self.managed_settings.setServiceParent(self.service)
+        if self._simulated_signin is not None:
+            self._simulated_signin.setServiceParent(self.service)
         # Stopped once the requests in flight have ended: what is still queued then is dropped (and counted).
         self.telemetry.setServiceParent(self.service)
         if config.simulate:
             _SimulatedUpstreamService(
                 reactor, self.client, config.simulate, dict(config.simulate_options), self._cloud
             ).setServiceParent(self.service)
-        site = RelaySite.for_config(self.app.resource(), config)
+        site = RelaySite.for_config(self.resource(), config)
         shared = []
         for description in config.listen:
             if worker or config.workers > 1:
@@ -553,7 +562,9 @@ class Relay:
         return self.clients[self.config.upstreams[0].name]
 
     def resource(self):
-        """The relay's web resource, for mounting in another ``Site``."""
+        """The relay's web resource, for mounting in another ``Site`` (with ``/_idp`` under ``--simulate-idp``)."""
+        if self._simulated_signin is not None:
+            return self._simulated_signin.mount(self.app.resource())
         return self.app.resource()
 
     def reload(self) -> ReloadResult:

@@ -43,6 +43,7 @@ from twisted_relay.configfile import ConfigFileError, FileSettings, load
 from twisted_relay.message_threads.model import THREAD_MODES
 from twisted_relay.options import FLAGS, PARAMETERS
 from twisted_relay.relay_keys import RelayKey, parse_key_file, unique_relay_keys
+from twisted_relay.signin.config import loopback_public_url
 from twisted_relay.translation import POLICIES, UpstreamRules
 
 __all__ = [
@@ -189,6 +190,8 @@ def _with_file(config: RelayConfig, settings: FileSettings, given: set) -> Relay
             raise SettingsError(
                 "%s: [relay-keys] holds a key that is an admin key (--admin-keys); give each its own." % (settings.path,)
             )
+    if config.simulate_idp and settings.signin is not None:
+        raise SettingsError("%s: [signin] with --simulate-idp, which signs people in itself: give one or the other." % (settings.path,))
     # The file's [prices] and [signin], when it has them.
     changes.update({name: getattr(settings, name) for name in ("prices", "signin") if getattr(settings, name) is not None})
     return config.with_changes(**changes)
@@ -236,6 +239,13 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
             "--thinking-binding-recovery must be one of %s, not %r."
             % (", ".join(BINDING_RECOVERIES), values["thinking-binding-recovery"])
         )
+    if values["simulate-idp"]:
+        if workers > 1:
+            raise SettingsError("--simulate-idp runs in one process: leave out --workers.")
+        try:
+            loopback_public_url(listen[0])
+        except ValueError as e:
+            raise SettingsError(str(e))
     if values["threads"] not in THREAD_MODES:
         raise SettingsError(f"--threads must be one of {', '.join(THREAD_MODES)}, not {values['threads']!r}.")
     if values["simulate-api"] not in _SIMULATED_APIS:
@@ -324,6 +334,7 @@ def _build(values: dict, *, environ: Mapping[str, str], check_listen: ListenChec
         drain_delay=_positive("drain-delay", values["drain-delay"], allow_zero=True),
         metrics=not values["no-metrics"],
         simulate=simulate,
+        simulate_idp=bool(values["simulate-idp"]),
         workers=workers,
         gc_tuning=not values["no-gc-tuning"],
         forward_attribution=bool(values["forward-attribution"]),
@@ -532,6 +543,7 @@ def reload_config(
         and f.name not in RELOADED_SETTINGS
         and f.name != "config_file"
         and not (worker and f.name in _WORKER_OWN)
+        and not (f.name == "signin" and current.simulate_idp)  # made by the relay, not read from the file
         and getattr(fresh, f.name) != getattr(current, f.name)
         and (unset is None or getattr(fresh, f.name) != getattr(unset, f.name))
     )

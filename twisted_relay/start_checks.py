@@ -189,7 +189,7 @@ def start_checks_for(config: RelayConfig, reactor=None, *, logins: bool = True) 
                 (OSError,),
             )
         )
-    if config.signin is not None:
+    if config.signin is not None or config.simulate_idp:
         checks.append(StartCheck("cannot sign in", _signin_libraries, (ImportError,)))
     if config.signin is not None and config.signin.managed_settings is not None:
         checks.append(
