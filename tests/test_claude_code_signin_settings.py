@@ -9,9 +9,15 @@ turns Claude Code's OpenTelemetry on (logs and metrics over OTLP/HTTP,
 short export intervals) and its gateway hint headers, and a collector
 stand-in on 127.0.0.1 as its ``telemetry_endpoint``. Claude Code signs in
 (``claude auth login --gateway-json``, the browser step played by the
-test) and runs ``claude -p`` twice. A wire tap between the CLI and the
-relay (a port forwarder that keeps the bytes both ways) shows what the CLI
-sent and what the relay answered.
+test) and runs ``claude -p``; a wire tap between the CLI and the relay (a
+port forwarder that keeps the bytes both ways) shows what the CLI sent and
+what the relay answered.
+
+What the CLI does (observed, and checked here): ``-p`` applies settings
+that need the person's approval (the hint headers do) without keeping them,
+so it fetches them unconditionally each run; once the person accepts them
+on a terminal they are kept, and the next runs poll with ``If-None-Match``
+and take a 304. Settings that need no approval ``-p`` keeps at once.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from twisted.internet import defer, reactor
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
@@ -136,12 +143,28 @@ class WireTap(portforward.ProxyFactory):
         return found
 
 
-def _resource_attributes(export) -> dict[str, str]:
-    """The attributes of an export's first resource (a decoded protobuf export)."""
-    for resources in (getattr(export, "resource_logs", None), getattr(export, "resource_metrics", None)):
-        if resources:
-            return {item.key: item.value.string_value for item in resources[0].resource.attributes}
-    return {}
+def _resource_attributes(body: bytes, media_type: str, signal: str) -> dict[str, str]:
+    """The attributes of an OTLP export's first resource (``signal`` logs or metrics)."""
+    if media_type == "application/json":
+        resource = json.loads(body)["resourceLogs" if signal == "logs" else "resourceMetrics"][0]["resource"]
+        return {item["key"]: item["value"].get("stringValue") for item in resource["attributes"]}
+    request = ExportLogsServiceRequest if signal == "logs" else ExportMetricsServiceRequest
+    export = request.FromString(body)
+    resources = export.resource_logs if signal == "logs" else export.resource_metrics
+    return {item.key: item.value.string_value for item in resources[0].resource.attributes}
+
+
+@dataclass
+class _SignedIn:
+    """What a test has once Claude Code has signed in through the tap."""
+
+    tap: WireTap
+    collector: Collector
+    environment: dict
+    home: str
+    project: str
+    folder: str
+    bearer: str
 
 
 class _Screen(ProcessProtocol):
@@ -176,7 +199,12 @@ class ClaudeCodeSettingsTelemetryTests(TestCase):
     skip = NOT_INSTALLED
     timeout = 240
 
-    async def test_settings_reach_the_cli_and_telemetry_the_collector(self):
+    async def signed_in(self, settings: dict) -> "_SignedIn":
+        """
+        The relay serving ``settings``, with a collector stand-in as its
+        telemetry endpoint and the wire tap in front; Claude Code signed in
+        to it (through the tap) as alice@example.com.
+        """
         world = _World(self)
         collector = Collector()
         collector_url = collector.serve(self)
@@ -192,8 +220,7 @@ class ClaudeCodeSettingsTelemetryTests(TestCase):
         self.addCleanup(shutil.rmtree, folder, True)
         settings_path = os.path.join(folder, "managed-settings.json")
         with open(settings_path, "w") as f:
-            json.dump(SETTINGS, f, indent=2)
-        served = settings_checksum(SETTINGS)
+            json.dump(settings, f, indent=2)
         relay = world.relay(managed_settings=settings_path, telemetry_endpoint=collector_url)
         tap.port = urlsplit(relay).port
 
@@ -212,6 +239,15 @@ class ClaudeCodeSettingsTelemetryTests(TestCase):
         await claude_code_signs_in(self, CLAUDE, world, gateway, environment, project, "alice@example.com")
         with open(os.path.join(home, ".claude", ".credentials.json")) as f:
             bearer = "Bearer " + json.load(f)["enterpriseGateway"]["jwt"]
+        # Nothing went to Anthropic or anywhere else off 127.0.0.1 (checked once the test is over).
+        self.addCleanup(lambda: self.assertEqual(caught.caught, []))
+        return _SignedIn(tap, collector, environment, home, project, folder, bearer)
+
+    async def test_settings_reach_the_cli_and_telemetry_the_collector(self):
+        signed_in = await self.signed_in(SETTINGS)
+        tap, environment = signed_in.tap, signed_in.environment
+        home, project, folder, bearer = signed_in.home, signed_in.project, signed_in.folder, signed_in.bearer
+        served = settings_checksum(SETTINGS)
         cache = os.path.join(home, ".claude", "remote-settings.json")
 
         # 1. claude -p, twice: the settings are fetched and applied each time, never kept on disk
@@ -239,17 +275,48 @@ class ClaudeCodeSettingsTelemetryTests(TestCase):
 
         # 4. The CLI's OTLP exports (protobuf, the default pushed) went to the relay with the bearer, and
         #    reached the collector stamped with the person, without the bearer.
+        await self.telemetry_reached_the_collector(signed_in, "application/x-protobuf")
+
+    async def test_json_exports_and_settings_kept_by_print_mode(self):
+        """
+        Settings that need no approval (OpenTelemetry only, in http/json):
+        the first ``claude -p`` keeps them, the second polls with
+        ``If-None-Match`` and takes the 304; the JSON exports reach the
+        collector stamped with the person.
+        """
+        settings = {"env": {**SETTINGS["env"], "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}}
+        del settings["env"]["CLAUDE_CODE_GATEWAY_HINT_HEADERS"]
+        served = settings_checksum(settings)
+        signed_in = await self.signed_in(settings)
+        fetches = []
+        for index in range(2):
+            since = len(signed_in.tap.wires)
+            await self.prompt(signed_in.environment, signed_in.project, signed_in.folder, index)
+            fetch, _ = self.settings_fetch_and_messages(signed_in.tap.exchanges(since), signed_in.bearer)
+            fetches.append((fetch.headers.get("if-none-match"), fetch.status))
+        self.assertEqual(fetches, [(None, 200), ('"%s"' % (served,), 304)])
+        await self.telemetry_reached_the_collector(signed_in, "application/json")
+
+    async def telemetry_reached_the_collector(self, signed_in: "_SignedIn", media_type: str) -> None:
+        """
+        The CLI sent its logs and metrics to the relay in ``media_type``
+        with the bearer, and each reached the collector with the person's
+        identity as the relay stamped it, the developer's own attribute
+        kept, and no bearer.
+        """
+        tap, collector, bearer = signed_in.tap, signed_in.collector, signed_in.bearer
         sent = [e for e in tap.exchanges() if e.path in ("/v1/logs", "/v1/metrics")]
         self.assertEqual({(e.path, e.status, e.headers["content-type"], e.headers["authorization"]) for e in sent},
-                         {(path, 200, "application/x-protobuf", bearer) for path in ("/v1/logs", "/v1/metrics")})
+                         {(path, 200, media_type, bearer) for path in ("/v1/logs", "/v1/metrics")})
         self.assertTrue(await _within(10, lambda: len(collector.received) >= len(sent)), collector.received)
         paths = [path for path, _, _, _ in collector.received]
         self.assertIn(b"/v1/logs", paths)
         self.assertIn(b"/v1/metrics", paths)
-        claimed = _resource_attributes(ExportLogsServiceRequest.FromString(next(e.body for e in sent if e.path == "/v1/logs")))
+        claimed = _resource_attributes(next(e.body for e in sent if e.path == "/v1/logs"), media_type, "logs")
         self.assertEqual((claimed["identity.source"], claimed["user.id"], claimed["team"]), ("gateway-oidc", "sub-alice", "platform"))
         for path, headers, export, body in collector.received:
-            attributes = _resource_attributes(export)
+            self.assertEqual(headers[b"content-type"], [media_type.encode()])
+            attributes = _resource_attributes(body, media_type, path.rsplit(b"/", 1)[-1].decode())
             self.assertEqual(
                 {key: attributes.get(key) for key in ("identity.source", "user.id", "user.email", "user.groups", "team")},
                 {"identity.source": "gateway-oidc", "user.id": "sub-alice", "user.email": "alice@example.com",
@@ -259,7 +326,6 @@ class ClaudeCodeSettingsTelemetryTests(TestCase):
             self.assertEqual(attributes["service.name"], "claude-code")
             self.assertNotIn(b"authorization", headers)
             self.assertNotIn(bearer[len("Bearer "):].encode(), body)
-        self.assertEqual(caught.caught, [])
 
     async def prompt(self, environment: dict, project: str, folder: str, index: int) -> None:
         """``claude -p``, answered through the relay (one tool, two turns, then the CLI stops)."""
