@@ -174,39 +174,65 @@ class Report:
 
 
 class Cluster:
-    """The upstream, three relays and nginx, all started (and stopped) here."""
+    """
+    The upstream, the relays (three by default) and nginx, all started (and
+    stopped) here.
+
+    :param relay_options: more options for every relay's command line (a
+        ``--config FILE`` whose ``[relay]`` table sets ``usage-db``, a
+        ``[signin]`` table, ...); with ``--dump-dir`` the relays write dumps,
+        else ``--no-dumps``.
+    :param environ: more environment variables for the relays (the
+        ``env:VAR`` secrets of a config file).
+    :param nginx: put nginx in front; ``False``: the relays alone.
+    :ivar relay_ports: where the relays listen, and
+    :ivar nginx_port: where nginx listens, chosen before the start (a
+        config file's ``public_url`` can name them).
+    """
 
     def __init__(self, folder: str, relays: int = 3, event_delay: float = 0.003, drain_delay: float = 2.0,
-                 threads: bool = False):
+                 threads: bool = False, relay_options: tuple[str, ...] = (), environ: dict | None = None,
+                 nginx: bool = True):
         self.folder = folder
         self.threads = threads
         self.count = relays
         self.event_delay = event_delay
         self.drain_delay = drain_delay
+        self.relay_options = list(relay_options)
+        self.environ = dict(environ or {})
+        self.nginx = nginx
         self.processes: list[subprocess.Popen] = []
         self.relays: list[tuple[int, subprocess.Popen, str]] = []
-        self.nginx_port = 0
+        self.relay_ports = [free_port() for _ in range(relays)]
+        self.nginx_port = free_port()
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+    def _spawn(self, args: list[str], log_name: str, environ: dict | None = None) -> subprocess.Popen:
         log = open(os.path.join(self.folder, log_name), "wb")
         try:
-            process = subprocess.Popen(args, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(args, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT,
+                                       env={**os.environ, **environ} if environ else None)
         finally:
             log.close()
         self.processes.append(process)
         return process
+
+    def relay_url(self, number: int) -> str:
+        """The URL of one relay, past nginx."""
+        return "http://127.0.0.1:%d" % (self.relays[number][0],)
 
     def start(self) -> None:
         # nginx's workers run as an unprivileged user when nginx starts as root:
         # they must reach the folder (mkdtemp makes it private) and write its tmp/.
         os.chmod(self.folder, 0o755)
         nginx = find_nginx()
-        if nginx is None:
+        if nginx is None and self.nginx:
             raise RuntimeError("nginx is not installed (apt-get install nginx-light)")
         bindir = os.path.dirname(sys.executable)
-        relay_options = []
+        relay_options = list(self.relay_options)
+        if "--dump-dir" not in relay_options:
+            relay_options.append("--no-dumps")
         if self.threads:
-            relay_options = ["--thread-store", self._start_redis()]
+            relay_options += ["--thread-store", self._start_redis()]
         upstream_port = free_port()
         simulated = os.path.join(bindir, "twisted-relay-simulated")
         command = [simulated] if os.access(simulated, os.X_OK) else [
@@ -217,21 +243,22 @@ class Cluster:
                        "--event-delay", str(self.event_delay)],
             "upstream.log",
         )
-        for i in range(self.count):
-            port = free_port()
+        for i, port in enumerate(self.relay_ports):
             log_name = "relay-%d.log" % (i,)
             process = self._spawn(
                 [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", "-n", "--pidfile=",
                  "relay", "--upstream", "http://127.0.0.1:%d" % (upstream_port,),
-                 "--listen", "tcp:%d:interface=127.0.0.1" % (port,), "--no-dumps",
+                 "--listen", "tcp:%d:interface=127.0.0.1" % (port,),
                  "--drain-delay", str(self.drain_delay), "--shutdown-grace", "20"] + relay_options,
                 log_name,
+                self.environ,
             )
             self.relays.append((port, process, log_name))
         _wait_for("http://127.0.0.1:%d/v1/models" % (upstream_port,), upstream)
         for port, process, _ in self.relays:
             _wait_for("http://127.0.0.1:%d/health" % (port,), process)
-        self.nginx_port = free_port()
+        if not self.nginx:
+            return
         for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             os.makedirs(os.path.join(self.folder, "tmp", sub), exist_ok=True)
         os.chmod(os.path.join(self.folder, "tmp"), 0o777)
