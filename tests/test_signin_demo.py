@@ -24,7 +24,8 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from twisted_relay.settings import SettingsError, config_from, read_settings
+from twisted_relay.settings import SettingsError, config_from, read_settings, reload_config
+from twisted_relay.simulated.signin_demo import SimulatedSignIn
 
 from bench.claude_code import installed_cli, run_cli
 from tests.helpers import free_port, start_twistd
@@ -176,3 +177,16 @@ class DemoSettingsTests(SynchronousTestCase):
                     'session_secret = "a-session-secret-of-forty-characters-xx"\n')
         error = self.assertRaises(SettingsError, read_settings, {"simulate-idp": True}, path)
         self.assertIn("[signin] with --simulate-idp", str(error))
+
+    def test_reload(self):
+        """A reload keeps the sign-in the relay made, and does not call it a change that needs a restart."""
+        folder = self.mktemp()
+        os.makedirs(folder)
+        path = os.path.join(folder, "relay.toml")
+        with open(path, "w") as f:
+            f.write("[relay]\nsimulate-idp = true\nsimulate = \"strict\"\n")
+        config = read_settings(None, path)
+        running = config.with_changes(signin=SimulatedSignIn(config.listen[0], reactor).signin)
+        result = reload_config(running, {})  # as twistd relay --config relay.toml reloads
+        self.assertEqual((result.error, result.needs_restart), (None, ()))
+        self.assertEqual(result.config.signin, running.signin)

@@ -7,9 +7,10 @@ Every option of ``twistd relay`` is a setting;
 :data:`~twisted_relay.options.PARAMETERS` and
 :data:`~twisted_relay.options.FLAGS` list them with their defaults
 (``twistd relay --help`` shows the same table), and a file's ``[relay]``
-table may give any of them by its long name. :func:`config_from` builds a configuration from the options given (by
-long name, as text) and a file's :class:`~twisted_relay.configfile.FileSettings`:
-the command line wins over the file, the file over the defaults.
+table may give any of them by its long name. :func:`config_from` builds a
+configuration from the options given (by long name, as text) and a file's
+:class:`~twisted_relay.configfile.FileSettings`: the command line wins over
+the file, the file over the defaults.
 :func:`read_settings` reads the file first; :func:`reload_config` reads it
 again for a running relay (:meth:`twisted_relay.service.Relay.reload`).
 
