@@ -9,7 +9,19 @@ The SHA-256 of the body is measured alone too: signing is that hash plus
 a fixed part (the canonical request, its hash, one HMAC; the day's key is
 kept), which the empty body shows. ``authorize`` is the signer plus setting
 the three headers on Twisted's ``Headers`` (the copy of the request's
-headers each call needs is measured apart and taken off). Run it from the work tree's root::
+headers each call needs is measured apart and taken off), the body hashed
+in the call.
+
+"reactor" is what the request path's signing costs the reactor's thread:
+the body's SHA-256 is made with the body (``RequestBody.prepare(digest=True)``),
+on the reactor below ``DIGESTED_ON_THREAD`` bytes (64 KB) and on a thread
+from there, and ``authorize`` is given it. So below 64 KB it is
+``authorize`` itself (the hash made on the reactor, either way); from 64 KB
+it is ``authorize`` with the hash given, plus the hand-over of the hash to
+a thread and back (``BodyPool.digest`` under a running reactor, in a child
+process: the reactor thread's own CPU time per body, ``time.thread_time``).
+
+Run it from the work tree's root::
 
     python bench/bench_sigv4.py
 
@@ -32,6 +44,7 @@ from twisted.web.http_headers import Headers  # noqa: E402
 
 from twisted_relay.logins.aws import AwsKeys, AwsSigV4Login  # noqa: E402
 from twisted_relay.logins.base import Credentials, CredentialSource  # noqa: E402
+from twisted_relay.body_pool import DIGESTED_ON_THREAD  # noqa: E402
 from twisted_relay.logins.sigv4 import SigV4Signer, amz_date  # noqa: E402
 
 SIZES = (0, 10_000, 200_000, 2_000_000)
@@ -128,7 +141,21 @@ def measure(size: int) -> dict[str, float]:
         for _ in range(n):
             template.copy()
 
-    figures["authorize"] = per_call(authorize, repeat) - per_call(copy_only, repeat)
+    digest = hashlib.sha256(body).hexdigest()
+
+    def authorize_given(n):
+        for _ in range(n):
+            login.authorize(b"POST", URL, template.copy(), body, body_sha256=digest)
+
+    copying = per_call(copy_only, repeat)
+    figures["authorize"] = per_call(authorize, repeat) - copying
+    # The signing proper: authorize given the body's hash.
+    figures["signing"] = per_call(authorize_given, max(repeat, 2000)) - copying
+    if size < DIGESTED_ON_THREAD:
+        figures["reactor"] = figures["authorize"]
+    else:
+        figures["handover"] = handover_us(size)
+        figures["reactor"] = figures["signing"] + figures["handover"]
 
     try:
         from botocore.auth import SigV4Auth
@@ -156,17 +183,58 @@ def measure(size: int) -> dict[str, float]:
     return figures
 
 
+# A child process: a running reactor hands bodies' hashes to its thread
+# pool one after the other (BodyPool.digest, as the request path does),
+# and prints the reactor thread's CPU time per body, in microseconds.
+_HANDOVER = """
+import sys, time
+from twisted.internet import reactor
+from twisted_relay.body_pool import BodyPool
+size, count = int(sys.argv[1]), int(sys.argv[2])
+body, pool, spent = b"x" * size, BodyPool(reactor, workers=0), []
+async def run():
+    await pool.digest(body)  # the pool's threads started
+    best = float("inf")
+    for _ in range(5):
+        began = time.thread_time()
+        for _ in range(count):
+            await pool.digest(body)
+        best = min(best, (time.thread_time() - began) / count)
+    spent.append(best)
+def go():
+    from twisted.internet.defer import Deferred
+    Deferred.fromCoroutine(run()).addBoth(lambda _: reactor.stop())
+reactor.callWhenRunning(go)
+reactor.run()
+print(spent[0] * 1e6)
+"""
+
+
+def handover_us(size: int, count: int = 200) -> float:
+    """The reactor thread's CPU per body whose SHA-256 it hands to a thread (``BodyPool.digest``)."""
+    import subprocess
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+    done = subprocess.run([sys.executable, "-c", _HANDOVER, str(size), str(count)], capture_output=True,
+                          timeout=120, cwd=root, env=dict(os.environ, PYTHONPATH=root), check=True)
+    return float(done.stdout.decode().split()[-1])
+
+
 def main() -> None:
     print("SigV4 per request, microseconds (best batch mean)")
-    print("%10s %10s %10s %11s %10s" % ("body", "sha256", "signer", "authorize", "botocore"))
+    print("%10s %10s %10s %11s %10s %10s" % ("body", "sha256", "signer", "authorize", "reactor", "botocore"))
     rows = [(size, measure(size)) for size in SIZES]
     for size, f in rows:
-        print("%10s %10.1f %10.1f %11.1f %10.1f" % ("%d B" % size, f["sha256"], f["signer"], f["authorize"], f["botocore"]))
+        print("%10s %10.1f %10.1f %11.1f %10.1f %10.1f" % (
+            "%d B" % size, f["sha256"], f["signer"], f["authorize"], f["reactor"], f["botocore"]))
     empty = rows[0][1]
     print(
         "fixed part (no body): signer %.1f us, authorize %.1f us, botocore %.1f us; the rest is the body's SHA-256"
         % (empty["signer"], empty["authorize"], empty["botocore"])
     )
+    print("reactor: what the request path's signing costs the reactor's thread (the hash on a thread from %d KB,"
+          " its hand-over %s)" % (DIGESTED_ON_THREAD // 1024, ", ".join(
+              "%.1f us at %d KB" % (f["handover"], size // 1000) for size, f in rows if "handover" in f)))
 
 
 if __name__ == "__main__":

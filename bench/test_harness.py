@@ -441,8 +441,12 @@ class WireVerdictTests(SynchronousTestCase):
 
         return {
             "S1": {"paced": {200: {"relay": paced(1.0, 22_400), "relay-bedrock": paced(bedrock_cpu, 22_000)}}},
-            "sigv4": {107: {"sha256": 0.3, "signer": 19.0, "authorize": 22.0, "botocore": 99.0},
-                      200_000: {"sha256": 98.0, "signer": 118.0, "authorize": 123.0, "botocore": 199.0}},
+            "sigv4": {107: {"sha256": 0.3, "signer": 9.0, "authorize": 12.0, "signing": 11.8, "reactor": 12.0,
+                            "botocore": 99.0},
+                      200_000: {"sha256": 98.0, "signer": 108.0, "authorize": 112.0, "signing": 13.0,
+                                "handover": 31.0, "reactor": 44.0, "botocore": 199.0},
+                      2_000_000: {"sha256": 998.0, "signer": 1008.0, "authorize": 1012.0, "signing": 12.0,
+                                  "handover": 97.0, "reactor": 109.0, "botocore": 1099.0}},
         }
 
     def test_cpu_per_event_ratio(self):
@@ -459,12 +463,21 @@ class WireVerdictTests(SynchronousTestCase):
         self.assertEqual(rows["S1 200: CPU per paced event, relay-bedrock / relay"][2], "NOT met")
 
     def test_signing_by_body_size(self):
-        """SigV4 per request against 0.1 ms, at each body size measured; left out on request."""
+        """
+        SigV4 per request against 0.1 ms, at each body size measured: what
+        the request path's signing costs the reactor (a large body's hash
+        made on a thread: its hand-over counts, not the hash); left out on
+        request.
+        """
         from bench.run import wire_verdicts
 
         rows = {row[0]: row[1:] for row in wire_verdicts(self.results(1.0))}
         self.assertEqual(rows["SigV4 signing per request, 107-byte body (in process)"][2], "met")
-        self.assertEqual(rows["SigV4 signing per request, 200 KB body (in process)"][2], "NOT met")
+        figure, _, met = rows["SigV4 signing per request, 200 KB body (in process)"]
+        self.assertEqual(met, "met")
+        self.assertEqual(figure, "44.0 us on the reactor (signing 13.0, the body's SHA-256 98.0 on a thread, its "
+                                 "hand-over 31.0; botocore 199.0)")
+        self.assertEqual(rows["SigV4 signing per request, 2 MB body (in process)"][2], "NOT met")
         self.assertFalse([row for row in wire_verdicts(self.results(1.0), signing=False) if "SigV4" in row[0]])
 
 

@@ -9,13 +9,15 @@ end-to-end tests, run again with every body sent to a worker, pass.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
+import threading
 
 import ujson
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests import test_binding_recovery as binding_recovery
@@ -23,7 +25,8 @@ from tests import test_sdk as sdk
 from tests import test_sdk_message_threads as sdk_threads
 from tests.helpers import encode, messages_body
 from twisted_relay._json import to_json
-from twisted_relay.body_pool import BodyPool, BodyWorkError, RequestBody
+from twisted_relay import body_pool
+from twisted_relay.body_pool import DIGESTED_ON_THREAD, BodyPool, BodyWorkError, RequestBody
 from twisted_relay.body_work import (
     PROJECTED_FROM,
     BodyFacts,
@@ -114,13 +117,25 @@ class StepsTests(SynchronousTestCase):
         self.assertEqual(facts, facts_of(ujson.loads(raw)))
         self.assertEqual(read_in_worker(b"{nope")[0], 400)
         self.assertEqual(read_in_worker(b"[]"), (400, "Request body must be a JSON object."))
-        sent, head, parts, repairs, count, can_drop, dropping = prepare_in_worker(
+        sent, head, parts, repairs, count, can_drop, dropping, sha256 = prepare_in_worker(
             raw, None, tuple(UpstreamRules().to_dict().items()), None, False, 3, 50
         )
         here = prepare(ujson.loads(raw), raw, None, UpstreamRules(), None, False, 3)
         self.assertEqual(sent, here.body)
         self.assertEqual((len(repairs), count, can_drop, dropping), (3, here.repair_count, True, False))
         self.assertTrue(all(isinstance(part, bytes) for part in parts))
+        self.assertIsNone(sha256)
+        # Asked for (a SigV4 login), the SHA-256 of the bytes to send comes too.
+        sent = prepare_in_worker(raw, None, tuple(UpstreamRules().to_dict().items()), None, False, 3, 50, None, True)
+        self.assertEqual(sent[-1], hashlib.sha256(sent[0]).hexdigest())
+
+    def test_digest_here_without_threads(self):
+        """With a reactor that has no threads, a body made here is hashed here, large or not."""
+        raw = encode(messages_body([{"role": "user", "content": "x" * (2 * DIGESTED_ON_THREAD)}]))
+        request = RequestBody(BodyPool(Clock()), raw)
+        self.successResultOf(request.read())
+        prepared = self.successResultOf(request.prepare(None, UpstreamRules(), None, False, False, digest=True))
+        self.assertEqual(prepared.body_sha256, hashlib.sha256(prepared.body).hexdigest())
 
     def test_conversation_bytes(self):
         """The prefix a turn keeps, and the answer after it, are the bytes the whole conversation encodes to."""
@@ -180,6 +195,38 @@ class PoolTests(TestCase):
         self.assertEqual(prepared.body, here.body)
         self.assertEqual(prepared.translation.table.to_dict(), here.translation.table.to_dict())
         self.assertEqual(prepared.repair_count, here.repair_count)
+
+    async def test_prepare_with_digest_in_a_worker(self):
+        """A large body prepared in a worker comes back with the SHA-256 of its bytes when asked."""
+        request = RequestBody(self.pool(inline_cost=0), encode(colliding_body(50)))
+        await request.read()
+        prepared = await request.prepare(None, UpstreamRules(), None, False, False, digest=True)
+        self.assertEqual(prepared.body_sha256, hashlib.sha256(prepared.body).hexdigest())
+        again = await request.prepare(None, UpstreamRules(), None, False, False)
+        self.assertIsNone(again.body_sha256)
+
+    async def test_digest_of_a_large_body_off_the_reactor(self):
+        """
+        A body made here (small in cost, large in bytes) from
+        DIGESTED_ON_THREAD bytes on has its SHA-256 made on a thread, not on
+        the reactor's; a smaller one here, at once.
+        """
+        hashed_on = []
+
+        def noted(data):
+            hashed_on.append(threading.current_thread() is threading.main_thread())
+            return hashlib.sha256(data).hexdigest()
+
+        self.patch(body_pool, "body_sha256", noted)
+        pool = self.pool()
+        for size, on_reactor in ((1000, True), (2 * DIGESTED_ON_THREAD, False)):
+            request = RequestBody(pool, encode(messages_body([{"role": "user", "content": "x" * size}])))
+            self.assertTrue(request.inline)
+            await request.read()
+            prepared = await request.prepare(None, UpstreamRules(), None, False, False, digest=True)
+            self.assertEqual(prepared.body_sha256, hashlib.sha256(prepared.body).hexdigest())
+            self.assertEqual(hashed_on, [on_reactor])
+            del hashed_on[:]
 
     async def test_bad_body_is_a_400(self):
         """A body that is not JSON, read in a worker, is the relay's 400."""

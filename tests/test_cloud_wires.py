@@ -7,8 +7,10 @@ list) has its test here: it fails had the relay made it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import threading
 import time
 
 import treq
@@ -20,6 +22,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.server import Site
 
 from tests.helpers import RecordingLedger, serve_relay
+from twisted_relay import body_pool
 from twisted_relay.config import LoginSpec, RelayConfig, Upstream
 from twisted_relay.simulated import SimulatedUpstream
 from twisted_relay.simulated.bedrock import SimulatedBedrock
@@ -103,6 +106,26 @@ class BedrockWireTests(TestCase):
         self.assertNotIn("model", got.body)
         self.assertEqual(got.body["anthropic_beta"], ["context-1m-2025-08-07"])
         self.assertEqual(self.ledger.records[-1].upstream, "bedrock")
+
+    async def test_large_body_signed_with_its_hash_made_off_the_reactor(self):
+        """
+        A body of 200 KB (its SHA-256 made on a thread, beside the body's
+        work, not by the signature on the reactor) is signed right: the
+        simulated Bedrock, re-signing with botocore, takes it, streamed or not.
+        """
+        hashed_on = []
+
+        def noted(data):
+            hashed_on.append(threading.current_thread() is threading.main_thread())
+            return hashlib.sha256(data).hexdigest()
+
+        self.patch(body_pool, "body_sha256", noted)
+        large = body(messages=[{"role": "user", "content": "Summarise: " + "lorem ipsum " * 17_000}])
+        for stream in (False, True):
+            response, content = await self.post(dict(large, stream=stream))
+            self.assertEqual(response.code, 200, content[:500])
+            self.assertEqual(len(self.bedrock.requests[-1].body["messages"][0]["content"]), 11 + 12 * 17_000)
+        self.assertEqual(hashed_on, [False, False])
 
     async def test_field_refused_by_one_model_keeps_bedrocks_words(self):
         """

@@ -369,6 +369,19 @@ class FrameDecoderTests(SynchronousTestCase):
             FrameDecoder().feed(frame({"b": (BYTES, b"v" * (MAX_HEADER_VALUE_BYTES + 1))}))
         self.assertIn("the value of header 'b' is 32768 bytes, past the limit of 32767", str(caught.exception))
 
+    def test_headers_kept_across_streams_keep_each_limit(self):
+        """
+        A small headers section is read once for every stream (Bedrock's
+        chunk frames all carry the same): a decoder with a lower limit still
+        refuses what another took, and a frame after a fault is refused too.
+        """
+        data = frame({"b": (BYTES, b"v" * 100)}, b"payload")
+        self.assertEqual([tuple(f) for f in FrameDecoder().feed(data)], [({"b": b"v" * 100}, b"payload")])
+        self.assertEqual([tuple(f) for f in FrameDecoder().feed(data)], [({"b": b"v" * 100}, b"payload")])
+        with self.assertRaises(EventStreamError) as caught:
+            FrameDecoder(max_header_value_bytes=50).feed(data)
+        self.assertIn("past the limit of 50", str(caught.exception))
+
     def test_bad_headers(self):
         """Headers that run past their section, of an unknown type, or not UTF-8 are refused."""
         for header_bytes, why in [

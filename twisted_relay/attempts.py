@@ -52,6 +52,8 @@ class Sent:
     stream: bool = False
     #: The translation's context the wire's body form carried (an OpenAI wire's).
     context: tuple = ()
+    #: The body's SHA-256 in hex, made with the body, for a login that signs it (SigV4).
+    body_sha256: str | None = None
 
 
 class Attempts:
@@ -196,8 +198,11 @@ class Attempts:
         remembered = conversation is not None and "%s %s" % (attempt.upstream.name, conversation) in context.router.dropping
         first = not self.plan.tried
         # Worked on here for a small body, in a worker process for a large one.
+        # A login that signs the body has its hash made with the body, off the reactor for a large one.
+        login = context.clients[upstream.name].login
         prepared = await relayed.wait(
-            body.prepare(attempt.model, context.router.rules(attempt.upstream), thread, remembered, first, form)
+            body.prepare(attempt.model, context.router.rules(attempt.upstream), thread, remembered, first, form,
+                         digest=login is not None and login.signs_body)
         )
         if first:
             note_repairs(context, relayed.id, prepared.repairs, prepared.repair_count)
@@ -205,7 +210,8 @@ class Attempts:
             headers = headers.copy()
             headers.setRawHeaders(b"anthropic-beta", [with_beta(headers.getRawHeaders(b"anthropic-beta"))])
         droppable = prepared.droppable and (wire is None or wire.recovers_bindings)
-        sent = Sent(path, headers, prepared.body, prepared.translation, droppable, stream, form.context if form else ())
+        sent = Sent(path, headers, prepared.body, prepared.translation, droppable, stream, form.context if form else (),
+                    prepared.body_sha256)
         relayed.prepared(body.raw, sent)
         return sent
 
@@ -299,7 +305,10 @@ class Attempts:
 
         def send(_):
             headers = sent.headers.copy()
-            login.authorize(method, client.wire_url(sent.path), headers, sent.body)
+            if sent.body_sha256 is None:
+                login.authorize(method, client.wire_url(sent.path), headers, sent.body)
+            else:
+                login.authorize(method, client.wire_url(sent.path), headers, sent.body, body_sha256=sent.body_sha256)
             return client.request(method, sent.path, headers, sent.body)
 
         def not_logged_in(failure):

@@ -27,9 +27,10 @@ import ujson
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ProcessExitedAlready
-from twisted.internet.interfaces import IReactorProcess
+from twisted.internet.interfaces import IReactorProcess, IReactorThreads
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
 import twisted_relay
@@ -43,6 +44,7 @@ from twisted_relay.body_work import (
     BodyShape,
     Prepared,
     ThreadForm,
+    body_sha256,
     collector_paused,
     dropping_in_worker,
     parse_messages_body,
@@ -54,7 +56,12 @@ from twisted_relay.message_threads.model import ThreadError, thread_request
 from twisted_relay.routing import RequestFacts
 from twisted_relay.translation import RequestTranslation, UpstreamRules
 
-__all__ = ["BodyPool", "BodyWorkError", "RequestBody"]
+__all__ = ["DIGESTED_ON_THREAD", "BodyPool", "BodyWorkError", "RequestBody"]
+
+#: Bodies made in this process whose SHA-256 is made on a thread from this
+#: size on: it costs the reactor about 0.5 us a KB here, and the hand-over
+#: to a thread about 30 us (``bench/bench_sigv4.py``).
+DIGESTED_ON_THREAD = 64 * 1024
 
 #: Values per part of a translation sent back by a worker: a part is read
 #: back in about a millisecond.
@@ -112,6 +119,19 @@ class BodyPool(Service):
     def inline(self, cost: int) -> bool:
         """Whether a body of this estimated cost is worked on in this process."""
         return cost <= self.inline_cost or not self.workers or self._closed
+
+    def digest(self, data: bytes) -> Deferred:
+        """
+        :func:`~twisted_relay.body_work.body_sha256` of a body made in this
+        process: a Deferred of the hex. From :data:`DIGESTED_ON_THREAD` bytes
+        on, on the reactor's thread pool (hashlib lets go of the interpreter
+        lock while it hashes: the reactor pays only the hand-over); a smaller
+        body, or with a reactor that has no threads (a test's memory
+        reactor), here.
+        """
+        if len(data) >= DIGESTED_ON_THREAD and IReactorThreads.providedBy(self.reactor):
+            return deferToThreadPool(self.reactor, self.reactor.getThreadPool(), body_sha256, data)
+        return succeed(body_sha256(data))
 
     def run(self, name: str, *args) -> Deferred:
         """
@@ -295,6 +315,11 @@ class _Worker(ProcessProtocol):
             pass
 
 
+def _with_digest(sha256: str, prepared: Prepared) -> Prepared:
+    prepared.body_sha256 = sha256
+    return prepared
+
+
 def _worker_lost() -> RelayError:
     return RelayError(500, "The relay's worker process for large request bodies stopped; try again.")
 
@@ -395,7 +420,7 @@ class RequestBody:
 
     def prepare(
         self, model: str | None, rules: UpstreamRules, thread: ThreadForm | None, drop_blocks: bool, note_repairs: bool,
-        form=None,
+        form=None, digest: bool = False,
     ) -> Deferred:
         """
         What one attempt sends (:func:`~twisted_relay.body_work.prepare`): a
@@ -404,6 +429,9 @@ class RequestBody:
 
         :param form: the wire's edits of the body (a
             :class:`~twisted_relay.wires.BodyForm`), if any.
+        :param digest: also give the SHA-256 of the bytes to send
+            (``Prepared.body_sha256``), made off the reactor for a large
+            body: in the worker, or on a thread (:meth:`BodyPool.digest`).
         """
         shown = REPAIRS_SHOWN if note_repairs else 0
         if self.inline:
@@ -415,19 +443,22 @@ class RequestBody:
                 with collector_paused():
                     if body is None:
                         body = ujson.loads(self.raw)
-                    return succeed(prepare(body, self.raw, model, rules, thread, drop_blocks, shown, form))
+                    prepared = prepare(body, self.raw, model, rules, thread, drop_blocks, shown, form)
             except Exception:
                 return fail()
+            if not digest:
+                return succeed(prepared)
+            return self.pool.digest(prepared.body).addCallback(_with_digest, prepared)
         d = self.pool.run(
             "prepare", self.raw, model, tuple(rules.to_dict().items()), thread, drop_blocks, shown, PART_SIZE,
-            tuple(form) if form else None,
+            tuple(form) if form else None, digest,
         )
         return d.addCallback(lambda result: Deferred.fromCoroutine(self._assemble(result, rules)))
 
     async def _assemble(self, result: tuple, rules: UpstreamRules) -> Prepared:
         if result[0] == REFUSED:
             raise RelayError(result[1], result[2], kind="capability", should_retry=False)
-        body, head, parts, repairs, count, can_drop, dropping = result
+        body, head, parts, repairs, count, can_drop, dropping, sha256 = result
         translation = RequestTranslation.assembled(rules, head)
         clock = self.pool.reactor
         began = time.perf_counter()
@@ -437,7 +468,7 @@ class RequestBody:
                 # Every other connection gets its turn.
                 await deferLater(clock, 0, lambda: None)
                 began = time.perf_counter()
-        return Prepared(self.raw if body is None else body, translation, repairs, count, can_drop, dropping)
+        return Prepared(self.raw if body is None else body, translation, repairs, count, can_drop, dropping, sha256)
 
     def dropping_blocks(self, sent: bytes) -> Deferred:
         """``sent`` again with ``drop_block`` (:func:`~twisted_relay.body_work.dropping_in_worker`)."""

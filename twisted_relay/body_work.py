@@ -19,6 +19,7 @@ Pure: no Twisted, no I/O.
 from __future__ import annotations
 
 import gc
+import hashlib
 import pickle
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ __all__ = [
     "BodyShape",
     "Prepared",
     "ThreadForm",
+    "body_sha256",
     "collector_paused",
     "dropping_in_worker",
     "facts_of",
@@ -252,6 +254,8 @@ class Prepared:
     :ivar droppable: the body sent may be sent again with ``drop_block``
         (:func:`~twisted_relay.bodies.droppable`).
     :ivar dropping: it is sent with ``drop_block`` (asked, and it may).
+    :ivar body_sha256: the SHA-256 of :attr:`body` in hex, when asked for
+        (a login that signs the body: SigV4), else ``None``.
     """
 
     body: bytes
@@ -260,6 +264,7 @@ class Prepared:
     repair_count: int
     droppable: bool
     dropping: bool = False
+    body_sha256: str | None = None
 
 
 def prepare(body: dict, raw: bytes, model: str | None, rules: UpstreamRules, thread: ThreadForm | None,
@@ -330,14 +335,15 @@ REFUSED = "refused"
 
 
 def prepare_in_worker(raw: bytes, model: str | None, rules: tuple, thread: ThreadForm | None, drop_blocks: bool,
-                      repairs_shown: int, part_size: int, form: tuple | None = None) -> tuple:
+                      repairs_shown: int, part_size: int, form: tuple | None = None, digest: bool = False) -> tuple:
     """
     :func:`prepare` in a worker, on a body :func:`read_in_worker` read.
     ``rules`` is :meth:`~twisted_relay.translation.UpstreamRules.to_dict`'s
     items. Gives the bytes to send (``None``: ``raw`` itself), the
     translation's head and its parts, each pickled on its own (read back a
     part at a time), the repairs, their count, whether the body sent may
-    take ``drop_block``, and whether it has it.
+    take ``drop_block``, whether it has it, and with ``digest`` the SHA-256
+    of the bytes to send (:func:`body_sha256`; else ``None``).
     """
     with collector_paused():
         try:
@@ -349,7 +355,18 @@ def prepare_in_worker(raw: bytes, model: str | None, rules: tuple, thread: Threa
         head, parts = prepared.translation.parts(part_size)
         pickled = [pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL) for part in parts]
         body = None if prepared.body is raw else prepared.body
-        return body, head, pickled, prepared.repairs, prepared.repair_count, prepared.droppable, prepared.dropping
+        sha256 = body_sha256(prepared.body) if digest else None
+        return (body, head, pickled, prepared.repairs, prepared.repair_count, prepared.droppable, prepared.dropping,
+                sha256)
+
+
+def body_sha256(data: bytes) -> str:
+    """
+    The SHA-256 of a body to send, in hex: what a SigV4 signature covers,
+    made where the body is made (in a worker for a large body), so that the
+    signature on the reactor does not hash it.
+    """
+    return hashlib.sha256(data).hexdigest()
 
 
 def dropping_in_worker(sent: bytes) -> bytes:

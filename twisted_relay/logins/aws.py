@@ -7,9 +7,10 @@ token (:class:`BedrockApiKeyLogin`).
 
 Credentials are fetched on :class:`~twisted_relay.logins.base.LoginThreads`
 by a :class:`~twisted_relay.logins.base.CredentialSource`, never on the
-reactor; each request is signed on the reactor (CPU only: a SHA-256 of the
-body and six HMACs) with the key triple in force, read whole, so a refresh
-between two requests never mixes two triples.
+reactor; each request is signed on the reactor (CPU only: the canonical
+request's hash and one HMAC, the day's key kept; the body's SHA-256 is made
+with the body, off the reactor for a large one) with the key triple in
+force, read whole, so a refresh between two requests never mixes two triples.
 
 botocore is needed only for the standard chain (``pip install
 'twisted-relay[aws]'``); keys from the environment and the signer
@@ -205,6 +206,7 @@ class AwsSigV4Login(Login):
     """
 
     name = "aws-sigv4"
+    signs_body = True
 
     def __init__(self, reactor, source: CredentialSource, service: str, region: str):
         if service not in AWS_SERVICES:
@@ -230,8 +232,8 @@ class AwsSigV4Login(Login):
         :param url: the URL exactly as it goes on the wire (the upstream
             client's prepared URL: path and query encoded, host lower case).
         :param body_sha256: the body's SHA-256 in hex when already computed
-            (off the reactor, say, where the body was made): the hash is
-            most of a large body's signing cost.
+            (the request path has it made with the body: off the reactor for
+            a large one): the hash is most of a large body's signing cost.
         """
         credentials = self.source.current
         if credentials is None:

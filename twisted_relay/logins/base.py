@@ -234,6 +234,10 @@ class Login:
     name = "none"
     #: Where its credentials come from (:class:`CredentialSource`); ``None``: nothing to fetch.
     source: CredentialSource | None = None
+    #: Its signature covers the body's SHA-256 (SigV4): the request path has
+    #: the hash made with the body, off the reactor for a large body, and
+    #: passes it to :meth:`authorize` as ``body_sha256``.
+    signs_body = False
 
     def check(self) -> None:
         """

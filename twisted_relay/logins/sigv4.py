@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import Iterable
+from functools import lru_cache
 from urllib.parse import quote, unquote_to_bytes
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "amz_date",
     "canonical_path",
     "canonical_query",
+    "canonical_url",
     "wire_host",
 ]
 
@@ -71,9 +73,14 @@ UNSIGNED = frozenset(
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+@lru_cache(maxsize=4)
+def _amz_date_of_second(second: int) -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
+
+
 def amz_date(seconds: float) -> str:
-    """The ``x-amz-date`` value of a Unix time: ``20261204T101500Z``."""
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(seconds))
+    """The ``x-amz-date`` value of a Unix time: ``20261204T101500Z`` (kept for the last seconds asked)."""
+    return _amz_date_of_second(int(seconds))
 
 
 def wire_host(scheme: str, netloc: str) -> str:
@@ -132,6 +139,23 @@ def canonical_query(query: str) -> str:
     return "&".join("%s=%s" % pair for pair in pairs)
 
 
+@lru_cache(maxsize=256)
+def canonical_url(url: str) -> tuple[bytes, bytes, bytes]:
+    """
+    The canonical path, the canonical query and the ``host`` of a URL as it
+    goes on the wire (:func:`canonical_path`, :func:`canonical_query`,
+    :func:`wire_host`), kept for the last URLs signed: an upstream sends to
+    a few URLs (one per model and kind), and this is a third of a
+    signature's work.
+    """
+    scheme, netloc, path, query = _split_url(url)
+    return (
+        canonical_path(path).encode("ascii"),
+        canonical_query(query).encode("ascii"),
+        wire_host(scheme, netloc).encode("ascii"),
+    )
+
+
 def _split_url(url: str) -> tuple[str, str, str, str]:
     """scheme, netloc, path, query of a URL (a fragment is never sent)."""
     scheme, _, rest = url.partition("://")
@@ -180,23 +204,26 @@ class SigV4Signer:
         with its values), which must already hold ``x-amz-date`` (and
         ``x-amz-security-token`` with session credentials).
         """
-        scheme, netloc, path, query = _split_url(url)
+        path, query, host = canonical_url(url)
         signed: dict[bytes, bytes] = {}
         for name, values in headers:
             lowered = name.lower()
             if lowered in UNSIGNED:
                 continue
-            value = b",".join(b" ".join(v.split()) for v in values)
+            if len(values) == 1:
+                value = b" ".join(values[0].split())
+            else:
+                value = b",".join([b" ".join(v.split()) for v in values])
             signed[lowered] = signed[lowered] + b"," + value if lowered in signed else value
         if b"host" not in signed:
-            signed[b"host"] = wire_host(scheme, netloc).encode("ascii")
+            signed[b"host"] = host
         names = sorted(signed)
         signed_headers = b";".join(names)
         lines = [
             method.upper(),
-            canonical_path(path).encode("ascii"),
-            canonical_query(query).encode("ascii"),
-            b"".join(b"%s:%s\n" % (name, signed[name]) for name in names),
+            path,
+            query,
+            b"".join([b"%s:%s\n" % (name, signed[name]) for name in names]),
             signed_headers,
             payload_hash.encode("ascii"),
         ]
@@ -226,9 +253,7 @@ class SigV4Signer:
         day = date[:8]
         scope = "%s/%s/%s/aws4_request" % (day, self.region, self.service)
         string_to_sign = "%s\n%s\n%s\n%s" % (ALGORITHM, date, scope, hashlib.sha256(canonical).hexdigest())
-        signature = hmac.new(
-            self.signing_key(secret_access_key, day), string_to_sign.encode("ascii"), hashlib.sha256
-        ).hexdigest()
+        signature = hmac.digest(self.signing_key(secret_access_key, day), string_to_sign.encode("ascii"), "sha256").hex()
         return b"%s Credential=%s/%s, SignedHeaders=%s, Signature=%s" % (
             ALGORITHM.encode("ascii"),
             access_key_id.encode("utf-8"),

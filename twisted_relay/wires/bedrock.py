@@ -19,6 +19,7 @@ that makes clients behave; CountTokens' ``{"inputTokens": N}`` becomes
 
 from __future__ import annotations
 
+from functools import lru_cache
 from urllib.parse import quote
 
 import ujson
@@ -88,7 +89,7 @@ class BedrockWire(Wire):
         sent.setRawHeaders(b"content-type", [b"application/json"])
         if upstream.service_tier:
             sent.setRawHeaders(b"x-amzn-bedrock-service-tier", [upstream.service_tier.encode("ascii")])
-        model_path = "/model/%s/" % (quote(model or "", safe=":"),)
+        model_path = _model_path(model or "")
         betas = betas_of(headers)
         add: list[tuple[str, object]] = [("anthropic_version", version)]
         if betas:
@@ -134,6 +135,12 @@ class BedrockWire(Wire):
         """CountTokens' answer as Anthropic's ``count_tokens`` gives it."""
         # An answer that is not CountTokens' is a broken one (WholeBodyMapped: a 502).
         return ujson.dumps({"input_tokens": int(ujson.loads(body)["inputTokens"])}).encode("ascii")
+
+
+@lru_cache(maxsize=256)
+def _model_path(model: str) -> str:
+    """``/model/{modelId}/``, the id encoded (an ARN's ``/`` as ``%2F``); kept for the models asked for last."""
+    return "/model/%s/" % (quote(model, safe=":"),)
 
 
 def _message_of(body: bytes) -> str | None:

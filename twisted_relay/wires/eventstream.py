@@ -19,6 +19,7 @@ import re
 import struct
 from binascii import Error as BinasciiError
 from binascii import a2b_base64
+from functools import lru_cache
 from typing import Any, NamedTuple
 from zlib import crc32
 
@@ -32,19 +33,9 @@ from twisted_relay._json import to_json
 from twisted_relay.errors import ERROR_TYPES, sse_error_event
 
 __all__ = [
-    "CONTENT_TYPE",
-    "MAX_HEADERS_BYTES",
-    "MAX_HEADER_VALUE_BYTES",
-    "MAX_PAYLOAD_BYTES",
-    "PROMPT_TOO_LONG",
-    "USAGE_OF_METRIC",
-    "BedrockError",
-    "BedrockToSSE",
-    "EventStreamError",
-    "EventStreamToSSE",
-    "Frame",
-    "FrameDecoder",
-    "bedrock_error",
+    "CONTENT_TYPE", "MAX_HEADERS_BYTES", "MAX_HEADER_VALUE_BYTES", "MAX_PAYLOAD_BYTES", "PROMPT_TOO_LONG",
+    "USAGE_OF_METRIC", "BedrockError", "BedrockToSSE", "EventStreamError", "EventStreamToSSE", "Frame",
+    "FrameDecoder", "bedrock_error",
 ]
 
 #: The media type of an event-stream body.
@@ -73,6 +64,8 @@ _UINT16 = struct.Struct("!H")
 # Fixed-size header values by type; 8 is a timestamp in ms.
 _FIXED = {kind: struct.Struct(code) for kind, code in ((2, "!b"), (3, "!h"), (4, "!i"), (5, "!q"), (8, "!q"))}
 _UUID_BYTES = 16
+# Headers sections up to this size are kept once read, for every stream.
+_KEPT_HEADERS_BYTES = 1024
 # Frames up to this size have their CRC computed on a copy (cheaper than a view).
 _COPIED_BYTES = 65536
 
@@ -118,7 +111,7 @@ class FrameDecoder:
 
     The bytes held are one buffer read at an offset: a read that completes
     no frame costs a look at the prelude, and the bytes taken are dropped
-    once per call (the tail kept is less than one frame), so a burst of
+    at the next call (the tail kept is less than one frame), so a burst of
     many frames or a frame spread over many reads costs time in proportion
     to its bytes.
 
@@ -139,7 +132,6 @@ class FrameDecoder:
         self._buffer: bytes | bytearray = b""
         self._position = 0
         self._failure: EventStreamError | None = None
-        # Bedrock's chunk frames all carry the same headers: read once.
         self._last_header_bytes = b""
         self._last_headers: dict[str, Any] = {}
 
@@ -156,37 +148,37 @@ class FrameDecoder:
             ``frames`` holds those decoded before them); every later call
             raises it again.
         """
+        buf, spans, fault = self.read(data)
+        frames = [_new_frame(Frame, (headers, bytes(buf[start:end]))) for headers, start, end in spans]
+        if fault is not None:
+            fault.frames = frames
+            raise fault
+        return frames
+
+    def read(self, data: bytes) -> tuple[bytes | bytearray, list[tuple[dict[str, Any], int, int]], EventStreamError | None]:
+        """
+        Add a read and find the frames it completes, without copying them:
+        the buffer, each frame as its headers and its payload's start and
+        end in the buffer (read it before the next call, which may reuse
+        the buffer), and the fault that ended the bytes read (``None``: no
+        fault; once a fault is found, every later call gives it again).
+        """
         if self._failure is not None:
-            raise EventStreamError(str(self._failure))
+            return b"", [], EventStreamError(str(self._failure))
         buf, position = self._buffer, self._position
         if position == len(buf):
             buf, position = data, 0
         elif data:
-            if type(buf) is not bytearray:
+            # The bytes of the frames taken by the call before go now.
+            if type(buf) is bytearray:
+                del buf[:position]
+            else:
                 buf = bytearray(memoryview(buf)[position:])
-                position = 0
-            buf += data
-        frames: list[Frame] = []
-        try:
-            position = self._take(buf, position, frames)
-        except EventStreamError as e:
-            self._failure = e
-            self._buffer, self._position = b"", 0
-            e.frames = frames
-            raise
-        if position == len(buf):
-            buf, position = b"", 0
-        elif position and type(buf) is bytearray:
-            del buf[:position]
             position = 0
-        self._buffer, self._position = buf, position
-        return frames
-
-    def _take(self, buf: bytes | bytearray, position: int, frames: list[Frame]) -> int:
+            buf += data
+        spans: list[tuple[dict[str, Any], int, int]] = []
         n = len(buf)
-        whole = type(buf) is bytes
         view = None
-        last_header_bytes = self._last_header_bytes
         try:
             while n - position >= _PRELUDE_BYTES:
                 total, headers_length, prelude_crc = _PRELUDE.unpack_from(buf, position)
@@ -197,18 +189,14 @@ class FrameDecoder:
                         % (prelude_crc, computed)
                     )
                 payload_length = total - _FRAME_OVERHEAD - headers_length
-                if (
-                    payload_length < 0
-                    or payload_length > self.max_payload_bytes
-                    or headers_length > self.max_headers_bytes
-                ):
+                if not 0 <= payload_length <= self.max_payload_bytes or headers_length > self.max_headers_bytes:
                     self._refuse_lengths(total, headers_length)
                 end = position + total
                 if end > n:
                     break
                 # botocore's reading: the CRC of what follows the prelude's
                 # CRC, from it. A small frame is cheaper to copy than to view.
-                if whole and total <= _COPIED_BYTES:
+                if total <= _COPIED_BYTES:
                     computed = crc32(buf[position + 8 : end - 4], prelude_crc)
                 else:
                     if view is None:
@@ -219,30 +207,28 @@ class FrameDecoder:
                         "the message's checksum does not match (0x%08x sent, 0x%08x computed)"
                         % (_UINT32.unpack_from(buf, end - 4)[0], computed)
                     )
-                start = position + _PRELUDE_BYTES
-                headers_end = start + headers_length
-                header_bytes = buf[start:headers_end]
-                if header_bytes == last_header_bytes:
-                    headers = self._last_headers
-                elif headers_length:
-                    last_header_bytes = bytes(header_bytes)
-                    headers = self._read_headers(last_header_bytes)
-                    self._last_header_bytes, self._last_headers = last_header_bytes, headers
-                else:
-                    headers = {}
-                if whole:
-                    payload = buf[headers_end : end - 4]
-                else:
-                    if view is None:
-                        view = memoryview(buf)
-                    payload = bytes(view[headers_end : end - 4])
-                frames.append(_new_frame(Frame, (headers, payload)))
+                headers_end = position + _PRELUDE_BYTES + headers_length
+                header_bytes = buf[position + _PRELUDE_BYTES : headers_end]
+                if header_bytes != self._last_header_bytes:
+                    read = _kept_headers if headers_length <= _KEPT_HEADERS_BYTES else _parse_headers
+                    self._last_header_bytes = bytes(header_bytes)
+                    self._last_headers = read(self._last_header_bytes, self.max_header_value_bytes)
+                spans.append((self._last_headers, headers_end, end - 4))
                 position = end
+        except EventStreamError as e:
+            self._failure = e
+            self._buffer, self._position = b"", 0
+            return buf, spans, e
         finally:
             # A bytearray with a view on it cannot shrink.
             if view is not None:
                 view.release()
-        return position
+        if position == n:
+            # Nothing is pending: the next read starts a buffer of its own.
+            self._buffer, self._position = b"", 0
+        else:
+            self._buffer, self._position = buf, position
+        return buf, spans, None
 
     def _refuse_lengths(self, total: int, headers_length: int) -> None:
         payload_length = total - _FRAME_OVERHEAD - headers_length
@@ -256,59 +242,66 @@ class FrameDecoder:
             why = "a frame's payload is %d bytes, past the limit of %d" % (payload_length, self.max_payload_bytes)
         raise EventStreamError(why)
 
-    def _read_headers(self, data: bytes) -> dict[str, Any]:
-        headers: dict[str, Any] = {}
-        n = len(data)
-        i = 0
-        while i < n:
-            name_length = data[i]
-            i += 1
-            if name_length == 0 or i + name_length + 1 > n:
-                raise EventStreamError("a header's name runs past the headers' end")
-            try:
-                name = data[i : i + name_length].decode("utf-8")
-            except UnicodeDecodeError:
-                raise EventStreamError("a header's name is not UTF-8")
-            i += name_length
-            kind = data[i]
-            i += 1
-            fixed = _FIXED.get(kind)
-            if kind == 0 or kind == 1:
-                size = 0
-            elif fixed is not None:
-                size = fixed.size
-            elif kind == 9:
-                size = _UUID_BYTES
-            elif kind == 6 or kind == 7:
-                if i + 2 > n:
-                    raise EventStreamError("the value of header %r runs past the headers' end" % name)
-                (size,) = _UINT16.unpack_from(data, i)
-                i += 2
-                if size > self.max_header_value_bytes:
-                    raise EventStreamError(
-                        "the value of header %r is %d bytes, past the limit of %d"
-                        % (name, size, self.max_header_value_bytes)
-                    )
-            else:
-                raise EventStreamError("header %r has the unknown type %d" % (name, kind))
-            if i + size > n:
+
+def _parse_headers(data: bytes, max_header_value_bytes: int) -> dict[str, Any]:
+    """A frame's headers section, read (:class:`EventStreamError` for one not well formed)."""
+    headers: dict[str, Any] = {}
+    n = len(data)
+    i = 0
+    while i < n:
+        name_length = data[i]
+        i += 1
+        if name_length == 0 or i + name_length + 1 > n:
+            raise EventStreamError("a header's name runs past the headers' end")
+        try:
+            name = data[i : i + name_length].decode("utf-8")
+        except UnicodeDecodeError:
+            raise EventStreamError("a header's name is not UTF-8")
+        i += name_length
+        kind = data[i]
+        i += 1
+        fixed = _FIXED.get(kind)
+        if kind == 0 or kind == 1:
+            size = 0
+        elif fixed is not None:
+            size = fixed.size
+        elif kind == 9:
+            size = _UUID_BYTES
+        elif kind == 6 or kind == 7:
+            if i + 2 > n:
                 raise EventStreamError("the value of header %r runs past the headers' end" % name)
-            if size == 0 and kind < 2:
-                value: Any = kind == 0
-            elif fixed is not None:
-                (value,) = fixed.unpack_from(data, i)
-            elif kind == 7:
-                try:
-                    value = data[i : i + size].decode("utf-8")
-                except UnicodeDecodeError:
-                    raise EventStreamError("the string header %r is not UTF-8" % name)
-            else:
-                value = data[i : i + size]
-            i += size
-            if name in headers:
-                raise EventStreamError("header %r comes twice" % name)
-            headers[name] = value
-        return headers
+            (size,) = _UINT16.unpack_from(data, i)
+            i += 2
+            if size > max_header_value_bytes:
+                raise EventStreamError(
+                    "the value of header %r is %d bytes, past the limit of %d"
+                    % (name, size, max_header_value_bytes)
+                )
+        else:
+            raise EventStreamError("header %r has the unknown type %d" % (name, kind))
+        if i + size > n:
+            raise EventStreamError("the value of header %r runs past the headers' end" % name)
+        if size == 0 and kind < 2:
+            value: Any = kind == 0
+        elif fixed is not None:
+            (value,) = fixed.unpack_from(data, i)
+        elif kind == 7:
+            try:
+                value = data[i : i + size].decode("utf-8")
+            except UnicodeDecodeError:
+                raise EventStreamError("the string header %r is not UTF-8" % name)
+        else:
+            value = data[i : i + size]
+        i += size
+        if name in headers:
+            raise EventStreamError("header %r comes twice" % name)
+        headers[name] = value
+    return headers
+
+
+# Small headers sections, kept once read for every stream (Bedrock's chunk
+# frames all carry the same headers): the dict is shared, never changed.
+_kept_headers = lru_cache(maxsize=32)(_parse_headers)
 
 
 # -- Bedrock's errors ------------------------------------------------------------------
@@ -394,19 +387,25 @@ def bedrock_error(
 # -- Bedrock's frames as Anthropic's events -------------------------------------------
 
 _METRICS_KEY = "amazon-bedrock-invocationMetrics"
-_METRICS_MARK = b'"amazon-bedrock-invocationMetrics"'
 _MESSAGE_START = b"message_start"
 _MESSAGE_DELTA = b"message_delta"
 _MESSAGE_STOP = b"message_stop"
+_CONTENT_BLOCK_DELTA = b"content_block_delta"
+_DELTA_FIRST = b'{"type":"content_block_delta"'
+_DELTA_FIRST_BYTES = len(_DELTA_FIRST)
+# The events read for the usage and the invocation metrics: parsed.
+_USAGE_EVENTS = frozenset((_MESSAGE_START, _MESSAGE_DELTA, _MESSAGE_STOP))
 # An Anthropic event's JSON names its type first, as Bedrock sends it: the
 # name is read without parsing the rest. Anything else is parsed.
 _TYPE_FIRST = re.compile(rb'\{"type":"([A-Za-z0-9_]+)"')
 _EVENT_NAME = re.compile(r"[A-Za-z0-9_]+")
 # How Bedrock begins a chunk's payload: its base64 read without parsing.
 _CHUNK_FIRST = b'{"bytes":"'
+_CHUNK_FIRST_BYTES = len(_CHUNK_FIRST)
 # A malformed stream's error, and the longest text of an exception's payload
 # that is not JSON kept in the message.
 _MALFORMED = "The upstream's event stream was malformed: %s"
+_NOT_BASE64 = "a chunk's \"bytes\" is not base64"
 _MAX_TEXT = 1000
 
 
@@ -448,6 +447,7 @@ class BedrockToSSE:
 
     def __init__(self, max_payload_bytes: int = MAX_PAYLOAD_BYTES):
         self._decoder = FrameDecoder(max_payload_bytes)
+        self._chunk_headers: dict | None = None
         self._held: dict | None = None
         self._held_bytes = b""
         self._reported: set[str] = set()
@@ -465,25 +465,48 @@ class BedrockToSSE:
         """The SSE bytes of every event the read completes (``b""`` for none)."""
         if self.ended:
             return b""
-        fault = None
-        try:
-            frames = self._decoder.feed(data)
-        except EventStreamError as e:
-            frames, fault = e.frames, str(e)
+        buf, frames, error = self._decoder.read(data)
+        fault = None if error is None else str(error)
         out: list[bytes] = []
-        chunk = self._chunk
-        for headers, payload in frames:
+        for headers, start, end in frames:
             try:
-                if headers.get(":message-type") == "event":
-                    if headers.get(":event-type") == "chunk":
-                        chunk(payload, out)
+                # The decoder gives frames with the same headers the same dict.
+                if headers is not self._chunk_headers:
+                    if headers.get(":event-type") != "chunk" or headers.get(":message-type") != "event":
+                        self._other(headers, bytes(buf[start:end]), out)
+                        if self.ended:
+                            return b"".join(out)
+                        continue
+                    self._chunk_headers = headers
+                # Bedrock writes "bytes" first, its base64 holding no quote
+                # nor backslash: read in place; anything else is parsed.
+                first = start + _CHUNK_FIRST_BYTES
+                close = buf.find(b'"', first, end) if buf[start:first] == _CHUNK_FIRST else -1
+                if close > 0 and buf.find(b"\\", first, close) < 0:
+                    raw = a2b_base64(buf[first:close])
                 else:
-                    self._other(headers, payload, out)
+                    raw = _event_json(bytes(buf[start:end]))
+                if raw[:_DELTA_FIRST_BYTES] == _DELTA_FIRST:  # the commonest, named without the pattern
+                    name = _CONTENT_BLOCK_DELTA
+                else:
+                    typed = _TYPE_FIRST.match(raw)
+                    name = None if typed is None else typed[1]
+                # Parsed: the events read for the usage, and any whose JSON
+                # holds a line end (allowed between JSON's tokens, it would
+                # end the SSE event early; find, not `in`: on Python 3.11 a
+                # bytes `in` costs an exception). The rest pass on unparsed.
+                if name is None or name in _USAGE_EVENTS or raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
+                    self._parsed_chunk(raw, out)
+                    continue
+                if self._held is not None:
+                    self._release(out)
+                out += (b"event: ", name, b"\ndata: ", raw, b"\n\n")
             except _Malformed as e:
                 fault = str(e)
                 break
-            if self.ended:
-                return b"".join(out)
+            except BinasciiError:
+                fault = _NOT_BASE64
+                break
         if fault is not None:
             self.malformed = fault
             self._end(out, "api_error", _MALFORMED % (fault,))
@@ -507,21 +530,13 @@ class BedrockToSSE:
             self.error = error
             self._end(out, error.error_type, error.message)
 
-    def _chunk(self, payload: bytes, out: list[bytes]) -> None:
-        raw = _event_json(payload)
-        event = None
-        typed = _TYPE_FIRST.match(raw)
-        # A line end (allowed between JSON's tokens) would end the SSE event
-        # early: such an event is written again. (find, not `in`: on Python
-        # 3.11 a bytes `in` costs an exception.)
-        if typed is not None and raw.find(b"\n") < 0 and raw.find(b"\r") < 0:
-            name = typed[1]
-        else:
-            event = _parse_event(raw)
-            name = event["type"].encode("utf-8")
+    def _parsed_chunk(self, raw: bytes, out: list[bytes]) -> None:
+        """A chunk's event that is parsed: one with usage or metrics, or one whose JSON is written again."""
+        event = _parse_event(raw)
+        name = event["type"].encode("utf-8")
+        if raw.find(b"\n") >= 0 or raw.find(b"\r") >= 0:
             raw = to_json(event)
-        if name == _MESSAGE_STOP and _METRICS_MARK in raw:
-            event = event if event is not None else _parse_event(raw)
+        if name == _MESSAGE_STOP and _METRICS_KEY in event:
             metrics = event.pop(_METRICS_KEY, None)
             if isinstance(metrics, dict):
                 self.invocation_metrics = metrics
@@ -529,12 +544,10 @@ class BedrockToSSE:
         if self._held is not None:
             self._release(out)
         if name == _MESSAGE_DELTA:
-            event = event if event is not None else _parse_event(raw)
             self._note_reported(event.get("usage"))
             self._held, self._held_bytes = event, raw
             return
         if name == _MESSAGE_START:
-            event = event if event is not None else _parse_event(raw)
             message = event.get("message")
             if isinstance(message, dict):
                 self._note_reported(message.get("usage"))
@@ -598,25 +611,18 @@ class BedrockToSSE:
 
 
 def _event_json(payload: bytes) -> bytes:
-    """The Anthropic event a chunk's payload carries, as its JSON bytes."""
-    encoded: Any = None
-    if payload[:10] == _CHUNK_FIRST:
-        # Bedrock writes "bytes" first; base64 holds no quote nor backslash.
-        close = payload.find(b'"', 10)
-        if close > 0 and payload.find(b"\\", 10, close) < 0:
-            encoded = payload[10:close]
-    if encoded is None:
-        try:
-            chunk = ujson.loads(payload)
-        except ValueError:
-            raise _Malformed("a chunk's payload is not JSON")
-        encoded = chunk.get("bytes") if isinstance(chunk, dict) else None
-        if not isinstance(encoded, str):
-            raise _Malformed("a chunk's payload has no \"bytes\" text")
+    """The Anthropic event a chunk's payload carries, as its JSON bytes, the payload parsed."""
+    try:
+        chunk = ujson.loads(payload)
+    except ValueError:
+        raise _Malformed("a chunk's payload is not JSON")
+    encoded = chunk.get("bytes") if isinstance(chunk, dict) else None
+    if not isinstance(encoded, str):
+        raise _Malformed("a chunk's payload has no \"bytes\" text")
     try:
         return a2b_base64(encoded)
     except (BinasciiError, ValueError):
-        raise _Malformed("a chunk's \"bytes\" is not base64")
+        raise _Malformed(_NOT_BASE64)
 
 
 def _parse_event(raw: bytes) -> dict:
