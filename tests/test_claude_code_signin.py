@@ -17,56 +17,14 @@ import re
 import shutil
 import tempfile
 
-from twisted.internet import defer, error, reactor
-from twisted.internet.protocol import ProcessProtocol
+from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
-from twisted.web.server import Site
 
-from bench.claude_code import Trap, installed_cli, run_cli
-from tests.test_signin_flow import _World, session
+from bench.claude_code import installed_cli, run_cli
+from tests.signin_helpers import claude_code_folders, claude_code_signs_in, trap
+from tests.test_signin_flow import _World
 
 CLAUDE, NOT_INSTALLED = installed_cli()
-
-
-class _GatewayLogin(ProcessProtocol):
-    """
-    ``claude auth login --gateway-json`` on pipes: each JSON line it writes is
-    answered as the person would (accept the URL, the trust prompt, the
-    account); at ``polling`` the browser step runs (``sign_in(state)``).
-    Standard input stays open until ``done`` or ``error`` (EOF cancels).
-    """
-
-    def __init__(self, sign_in):
-        self.sign_in = sign_in
-        self.states: list[dict] = []
-        self.ended: defer.Deferred = defer.Deferred()
-        self.browser: defer.Deferred | None = None
-        self._buffer = b""
-        self.stderr = b""
-
-    def outReceived(self, data: bytes) -> None:
-        self._buffer += data
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            try:
-                state = json.loads(line)
-            except ValueError:
-                continue
-            self.states.append(state)
-            name = state.get("state")
-            if name in ("url_input", "trust_prompt", "confirm_account"):
-                answer = {"state": name, "shown": state.get("shown"), "accept": True}
-                self.transport.write(json.dumps(answer).encode("utf-8") + b"\n")
-            elif name == "polling" and self.browser is None:
-                self.browser = defer.ensureDeferred(self.sign_in(state))
-            elif name in ("done", "error"):
-                self.transport.closeStdin()
-
-    def errReceived(self, data: bytes) -> None:
-        self.stderr += data
-
-    def processEnded(self, reason) -> None:
-        self.ended.callback(reason.value.exitCode)
 
 
 class ClaudeCodeSignInTests(TestCase):
@@ -79,36 +37,15 @@ class ClaudeCodeSignInTests(TestCase):
         relay = world.relay(session_ttl=120)
         folder = tempfile.mkdtemp(prefix="claude-code-signin-")
         self.addCleanup(shutil.rmtree, folder, True)
-        home, project = os.path.join(folder, "home"), os.path.join(folder, "project")
-        os.makedirs(os.path.join(home, ".claude"))
-        os.makedirs(project)
-        with open(os.path.join(home, ".claude", "settings.json"), "w") as f:
-            json.dump({"forceLoginMethod": "gateway", "forceLoginGatewayUrl": relay}, f)
-        trap = Trap()
-        trap_port = reactor.listenTCP(0, Site(trap), interface="127.0.0.1")
-        self.addCleanup(trap_port.stopListening)
-        trap_url = "http://127.0.0.1:%d" % (trap_port.getHost().port,)
+        home, project = claude_code_folders(folder, relay)
+        caught, trap_url = trap(self)
         environment = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1", "HTTPS_PROXY": trap_url, "HTTP_PROXY": trap_url, "NO_PROXY": "127.0.0.1",
         }
-
-        async def sign_in(state: dict) -> None:
-            grant = {"verification_uri": relay + "/device", "user_code": state["userCode"],
-                     "verification_uri_complete": state.get("browserUrl") or state["verificationUri"]}
-            done = await world.browser_signs_in(grant, "alice@example.com", session())
-            self.assertEqual(done.status_code, 200, done.text)
-
-        login = _GatewayLogin(sign_in)
-        process = reactor.spawnProcess(login, CLAUDE, [CLAUDE, "auth", "login", "--gateway-json"], env=environment,
-                                       path=project)
-        timer = reactor.callLater(90, lambda: _kill(process))
-        code = await login.ended
-        if timer.active():
-            timer.cancel()
+        login = await claude_code_signs_in(self, CLAUDE, world, relay, environment, project, "alice@example.com")
         names = [state.get("state") for state in login.states]
-        self.assertEqual((code, names[-1]), (0, "done"), (login.states, login.stderr[-2000:]))
         self.assertIn("polling", names)
         self.assertIn("confirm_account", names)
         with open(os.path.join(home, ".claude", ".credentials.json")) as f:
@@ -146,15 +83,8 @@ class ClaudeCodeSignInTests(TestCase):
         self.assertEqual((refused.status_code, refused.headers["x-should-retry"]), (401, "false"))
         after = await run_cli(reactor, [CLAUDE, "auth", "status", "--json"], environment, project, 60)
         self.assertNotEqual(after.code, 0)
-        self.assertEqual(trap.caught, [])
+        self.assertEqual(caught.caught, [])
         logged = "\n".join(world.logged)
         for secret in (session_token, gateway["idpRefreshToken"]):
             self.assertNotIn(secret, logged)
-
-
-def _kill(process) -> None:
-    try:
-        process.signalProcess("KILL")
-    except error.ProcessExitedAlready:
-        pass
 

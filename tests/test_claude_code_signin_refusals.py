@@ -15,7 +15,6 @@ driver and world); nothing reaches outside 127.0.0.1.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -23,10 +22,9 @@ import tempfile
 
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
-from twisted.web.server import Site
 
-from bench.claude_code import Trap, installed_cli, run_cli
-from tests.test_claude_code_signin import _GatewayLogin, _kill
+from bench.claude_code import installed_cli, run_cli
+from tests.signin_helpers import LOGIN_WITHIN, GatewayLogin, claude_code_folders, kill, trap
 from tests.test_signin_flow import ADMIN, _World, session
 
 CLAUDE, NOT_INSTALLED = installed_cli()
@@ -39,15 +37,8 @@ class _SignedInCLI:
         self.testcase, self.world, self.relay = testcase, world, relay
         folder = tempfile.mkdtemp(prefix="claude-code-signin-")
         testcase.addCleanup(shutil.rmtree, folder, True)
-        self.home, self.project = os.path.join(folder, "home"), os.path.join(folder, "project")
-        os.makedirs(os.path.join(self.home, ".claude"))
-        os.makedirs(self.project)
-        with open(os.path.join(self.home, ".claude", "settings.json"), "w") as f:
-            json.dump({"forceLoginMethod": "gateway", "forceLoginGatewayUrl": relay}, f)
-        self.trap = Trap()
-        trap_port = reactor.listenTCP(0, Site(self.trap), interface="127.0.0.1")
-        testcase.addCleanup(trap_port.stopListening)
-        trap_url = "http://127.0.0.1:%d" % (trap_port.getHost().port,)
+        self.home, self.project = claude_code_folders(folder, relay)
+        self.trap, trap_url = trap(testcase)
         self.environment = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.home,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
@@ -63,10 +54,10 @@ class _SignedInCLI:
                      "verification_uri_complete": state.get("browserUrl") or state["verificationUri"]}
             pages.append(await self.world.browser_signs_in(grant, email, session()))
 
-        login = _GatewayLogin(sign_in)
+        login = GatewayLogin(sign_in)
         process = reactor.spawnProcess(login, CLAUDE, [CLAUDE, "auth", "login", "--gateway-json"],
                                        env=self.environment, path=self.project)
-        timer = reactor.callLater(90, lambda: _kill(process))
+        timer = reactor.callLater(LOGIN_WITHIN, kill, process)
         code = await login.ended
         if timer.active():
             timer.cancel()

@@ -36,7 +36,7 @@ LAYERS = (
     ),
     ("message threads", ("message_threads",)),
     ("whole-body work", ("body_work", "body_worker", "body_pool")),
-    ("settings", ("configfile", "settings")),
+    ("settings", ("options", "configfile", "settings")),
     ("the upstream leg", ("chunked", "upstream_headers", "upstream_agent", "upstream", "logins", "wires")),
     ("streaming", ("sse",)),
     ("records", ("dumps", "metrics", "spend_limits_sql", "spend_shares_sql", "signin_sql", "ledger_rows", "ledger_sql", "ledger")),

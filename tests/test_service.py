@@ -5,7 +5,9 @@ mounted in another application's ``Site``, on real sockets on 127.0.0.1.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -13,6 +15,8 @@ import treq
 import ujson
 from twisted.application.service import IServiceMaker, MultiService
 from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.plugin import getPlugins
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
@@ -21,9 +25,12 @@ from twisted.web.static import Data
 
 from twisted_relay import Relay, RelayConfig, make_service
 from twisted_relay.config import one_upstream
+from twisted_relay.signin.managed_settings import settings_checksum
 from twisted_relay.simulated import SimulatedUpstream
+from twisted_relay.tap import Options
 
-from tests.helpers import encode, messages_body
+from tests.helpers import encode, free_port, messages_body
+from tests.test_signin_telemetry import Collector
 
 
 async def post_json(url: str, body) -> tuple[int, dict]:
@@ -120,6 +127,124 @@ class EmbeddingTests(TestCase):
         code, message = await post_json("http://127.0.0.1:%d/v1/messages" % (relay_port,), messages_body())
         self.assertEqual(code, 200)
         self.assertEqual(message["content"][-1]["type"], "tool_use")
+
+
+SIGNIN_CONFIG = """
+[relay]
+listen = ["tcp:PORT:interface=127.0.0.1"]
+upstream = "http://127.0.0.1:9"
+no-dumps = true
+no-gc-tuning = true
+drain-delay = 0
+
+[relay-keys]
+alice = { key = "sk-relay-alice-0001", group = "platform" }
+
+[signin]
+public_url = "http://127.0.0.1:PORT"
+issuer = "http://127.0.0.1:9"
+client_id = "twisted-relay"
+session_secret = "a-session-secret-of-forty-characters-xx"
+managed_settings = "managed-settings.json"
+telemetry_endpoint = "COLLECTOR"
+"""
+
+LOG_EXPORT = {"resourceLogs": [{"resource": {"attributes": [{"key": "user.id", "value": {"stringValue": "ceo"}}]},
+                                "scopeLogs": [{"logRecords": [{"body": {"stringValue": "claude_code.api_request"}}]}]}]}
+
+
+class SignInPartsTests(TestCase):
+    """
+    A relay whose ``[signin]`` table names a managed settings file and a
+    collector, started as ``twistd relay --config`` makes it: it serves the
+    file at ``/managed/settings`` and forwards the OTLP exports it takes to
+    the collector; a reload (SIGHUP) keeps both (the table takes effect at
+    restart, and says so), and the file is read again when it changes.
+    """
+
+    def setUp(self):
+        self.folder = os.path.realpath(self.mktemp())
+        os.makedirs(self.folder)
+        self.port = free_port()
+        self.url = "http://127.0.0.1:%d" % (self.port,)
+        self.collector, self.other_collector = Collector(), Collector()
+        self.config_path = os.path.join(self.folder, "relay.toml")
+        self.collector_url = self.collector.serve(self)
+        self.write_config(self.collector_url)
+        self.settings = {"env": {"CLAUDE_CODE_ENABLE_TELEMETRY": "1"}, "permissions": {"deny": ["Bash(rm:*)"]}}
+        self.write_settings(self.settings)
+        self.events = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def write_config(self, collector: str) -> None:
+        with open(self.config_path, "w") as f:
+            f.write(SIGNIN_CONFIG.replace("PORT", str(self.port)).replace("COLLECTOR", collector))
+
+    def write_settings(self, settings: dict) -> None:
+        with open(os.path.join(self.folder, "managed-settings.json"), "w") as f:
+            json.dump(settings, f, indent=2)
+
+    def logged(self) -> list[str]:
+        return [formatEvent(e) for e in self.events if e.get("log_namespace", "").startswith("twisted_relay")]
+
+    async def get_settings(self) -> tuple[int, dict]:
+        response = await treq.get(self.url + "/managed/settings", headers={"authorization": "Bearer sk-relay-alice-0001"},
+                                  persistent=False)
+        return response.code, json.loads(await response.content())
+
+    async def export_logs(self) -> int:
+        response = await treq.post(self.url + "/v1/logs", data=json.dumps(LOG_EXPORT).encode(), persistent=False,
+                                   headers={"authorization": "Bearer sk-relay-alice-0001", "content-type": "application/json"})
+        await response.content()
+        return response.code
+
+    async def received(self, collector: Collector, count: int) -> list:
+        for _ in range(250):  # 5 s at most
+            if len(collector.received) >= count:
+                break
+            await deferLater(reactor, 0.02, lambda: None)
+        return collector.received
+
+    async def test_served_forwarded_and_kept_across_a_reload(self):
+        options = Options()
+        options.parseOptions(["--config", self.config_path])
+        relay = Relay(options.config, reactor, command_line=options.command_line)
+        relay.service.privilegedStartService()
+        relay.service.startService()
+        self.addCleanup(lambda: relay.service.stopService() if relay.service.running else None)
+        (start_line,) = [line for line in self.logged() if line.startswith("twisted-relay ")]
+        self.assertIn("sign-in: %s (issuer http://127.0.0.1:9; managed settings %s; telemetry to %s)"
+                      % (self.url, os.path.join(self.folder, "managed-settings.json"), self.collector_url), start_line)
+
+        code, served = await self.get_settings()
+        self.assertEqual((code, served["settings"], served["checksum"]), (200, self.settings, settings_checksum(self.settings)))
+        self.assertEqual(await self.export_logs(), 200)
+        (path, headers, export, _), = await self.received(self.collector, 1)
+        attributes = {a["key"]: a["value"]["stringValue"] for a in export["resourceLogs"][0]["resource"]["attributes"]}
+        self.assertEqual((path, attributes), (b"/v1/logs", {"user.id": "alice", "identity.source": "relay-key"}))
+        self.assertNotIn(b"authorization", headers)
+
+        # The table names another collector: taken at the next start, not by a reload.
+        self.write_config(self.other_collector.serve(self))
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(250):
+            if any("take effect only at restart" in line for line in self.logged()):
+                break
+            await deferLater(reactor, 0.02, lambda: None)
+        (restart,) = [line for line in self.logged() if "take effect only at restart" in line]
+        self.assertIn("signin", restart)
+        self.assertEqual(await self.export_logs(), 200)
+        self.assertEqual(len(await self.received(self.collector, 2)), 2)
+        self.assertEqual(self.other_collector.received, [])
+        # The settings file changed: served at once, no reload needed.
+        self.settings["env"]["OTEL_LOGS_EXPORTER"] = "otlp"
+        self.write_settings(self.settings)
+        code, served = await self.get_settings()
+        self.assertEqual((code, served["checksum"]), (200, settings_checksum(self.settings)))
+
+        await relay.service.stopService()
+        self.assertFalse(relay.telemetry.running)
 
 
 class PluginTests(SynchronousTestCase):

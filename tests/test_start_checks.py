@@ -25,6 +25,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from twisted_relay.config import RelayConfig, one_upstream
 from twisted_relay.service import Relay
+from twisted_relay.signin.config import SignInConfig
 from twisted_relay.start_checks import StartupError, run_start_checks, start_checks_for
 from twisted_relay.workers import config_to_json
 
@@ -33,6 +34,16 @@ from tests.helpers import free_port, self_signed_pem, twistd
 
 #: Seconds a process that fails its start may take to end (it takes about one).
 _END_WITHIN = 20.0
+
+#: A ``[signin]`` table whose managed settings file is ``SETTINGS`` (the identity provider is never asked).
+SIGNIN_TABLE = """
+[signin]
+public_url = "http://127.0.0.1:8080"
+issuer = "http://127.0.0.1:9"
+client_id = "twisted-relay"
+session_secret = "a-session-secret-of-forty-characters-xx"
+managed_settings = "SETTINGS"
+"""
 
 
 def _processes_in(folder: str) -> list[int]:
@@ -217,6 +228,25 @@ class TwistdStartTests(SynchronousTestCase):
         process.terminate()
         process.wait(timeout=_END_WITHIN)
 
+    def test_managed_settings(self):
+        """
+        The ``[signin]`` table's managed settings file missing, and one that
+        is not settings (a JSON array): named, and the relay does not start
+        (it started, and answered 404 at ``/managed/settings``, before).
+        """
+        folder = os.path.realpath(self.mktemp())
+        os.makedirs(folder)
+        with open(os.path.join(folder, "array.json"), "w") as f:
+            f.write("[1, 2]\n")
+        for name, why in (("missing.json", "No such file or directory"), ("array.json", "must hold a JSON object")):
+            with open(os.path.join(folder, "relay.toml"), "w") as f:
+                f.write(SIGNIN_TABLE.replace("SETTINGS", name))
+            run = self.refused(
+                "--config", "relay.toml", folder=folder,
+                says="cannot serve the managed settings: managed settings file %s: " % (os.path.join(folder, name),),
+            )
+            self.assertIn(why, run.output)
+
     def test_daemon(self):
         """Without ``-n`` (a daemon): the same one line and status, and no daemon left holding the port."""
         self.refused("--usage-db", "no/such/folder/ledger.sqlite", twistd_options=(), says="cannot open the usage ledger:")
@@ -286,6 +316,30 @@ class EmbeddedStartTests(SynchronousTestCase):
         error = self.assertRaises(StartupError, relay.service.privilegedStartService)
         self.assertTrue(str(error).startswith("cannot listen on %s: TLS key or certificate:" % (listen,)), str(error))
         self.assertNothingRuns(relay, port)
+
+    def test_managed_settings(self):
+        """
+        A managed settings file that is not settings: the service's start
+        raises, one line; so does a start whose checks were made before
+        (``twistd relay``'s) when the file went bad since: the relay's
+        service reads it as it starts.
+        """
+        path = os.path.join(os.path.realpath(self.mktemp()))
+        with open(path, "w") as f:
+            f.write("not json")
+        signin = SignInConfig(public_url="http://127.0.0.1:8080", issuer="http://127.0.0.1:9", client_id="twisted-relay",
+                              session_secret="a-session-secret-of-forty-characters-xx", managed_settings=path)
+        relay, port = self.relay(signin=signin)
+        for start in (relay.service.privilegedStartService, relay.service.startService):
+            error = self.assertRaises(StartupError, start)
+            self.assertTrue(str(error).startswith("cannot serve the managed settings: managed settings file %s: not valid JSON" % (path,)),
+                            str(error))
+            self.assertNotIn("\n", str(error))
+            self.assertNothingRuns(relay, port)
+        checked = Relay(RelayConfig(listen=(), upstreams=one_upstream("http://127.0.0.1:9"), dump_dir=None, signin=signin),
+                        reactor, start_checks=())
+        error = self.assertRaises(StartupError, checked.service.startService)
+        self.assertTrue(str(error).startswith("cannot serve the managed settings: "), str(error))
 
     def test_failure_after_the_checks_leaves_no_thread(self):
         """

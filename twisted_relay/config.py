@@ -353,6 +353,9 @@ class RelayConfig:
     :ivar simulate: run the embedded simulated upstream in this mode
         (``strict``, ``stateful`` or ``lenient``) and relay to it.
     :ivar simulate_options: keyword arguments for the simulated upstream.
+    :ivar simulate_idp: sign people in with the embedded simulated identity
+        provider (``--simulate-idp``, :mod:`twisted_relay.simulated.signin_demo`):
+        the relay makes :attr:`signin` when it starts.
     :ivar workers: relay processes serving the ``tcp:`` listen addresses
         together (``SO_REUSEPORT``), this one included; each has its own
         pool, limits and metrics. 1 runs the relay in this process only.
@@ -440,6 +443,7 @@ class RelayConfig:
     metrics: bool = True
     simulate: str | None = None
     simulate_options: dict = field(default_factory=dict)
+    simulate_idp: bool = False
     workers: int = 1
     gc_tuning: bool = False
     forward_attribution: bool = False

@@ -40,6 +40,8 @@ from twisted_relay.logins import LoginError
 from twisted_relay.metrics import RelayMetrics, SharedMetricsFolder
 from twisted_relay.routing import Router
 from twisted_relay.settings import SIMULATED_CLOUDS, ListenCheck, ReloadResult, SettingsError, reload_config
+from twisted_relay.signin.managed_settings import ManagedSettings, SettingsFileError
+from twisted_relay.signin.telemetry import TelemetryForwarder
 from twisted_relay.site import RelaySite
 from twisted_relay.start_checks import (
     ENDPOINT_ERRORS,
@@ -218,6 +220,8 @@ class _RelayService(MultiService):
             yield
         except LedgerError as e:
             raise StartupError("cannot open the usage ledger: %s" % (e,)) from e
+        except SettingsFileError as e:
+            raise StartupError("cannot serve the managed settings: %s" % (e,)) from e
         except (CannotListenError, OSError) as e:
             description = self.descriptions.get(service)
             if description is not None:
@@ -344,6 +348,13 @@ class Relay:
     :ivar dumps: the dump writer service, or ``None``.
     :ivar ledger: the usage ledger service (``config.usage_db``), or ``None``.
     :ivar app: the Klein application.
+    :ivar managed_settings: the ``[signin]`` table's managed settings file
+        (:class:`~twisted_relay.signin.managed_settings.ManagedSettings`, a
+        service that reads it as it starts), or ``None``.
+    :ivar telemetry: the forwarder of the OTLP exports the relay takes to
+        the ``[signin]`` table's ``telemetry_endpoint``
+        (:class:`~twisted_relay.signin.telemetry.TelemetryForwarder`, a
+        service); with none, exports are counted and dropped.
     :ivar router: the routes and the health of the upstreams and keys
         (:mod:`twisted_relay.routing`); replaced on reload, keeping the
         health of upstreams that did not change.
@@ -388,6 +399,13 @@ class Relay:
 
             self._cloud = SimulatedCloud(config.simulate, reactor, dict(config.simulate_options))
             config = config.with_changes(upstreams=(self._cloud.upstream(config.upstreams[0]),))
+        # --simulate-idp: the demo identity provider, on the relay's own listener, and sign-in with it.
+        self._simulated_signin = None
+        if config.simulate_idp and not worker:
+            from twisted_relay.simulated.signin_demo import SimulatedSignIn
+
+            self._simulated_signin = SimulatedSignIn(config.listen[0], reactor)
+            config = config.with_changes(signin=self._simulated_signin.signin)
         self.config = config
         self._reactor = reactor
         self._worker = worker
@@ -431,9 +449,23 @@ class Relay:
                 max_queue=config.usage_max_queue,
                 retention_days=config.usage_retention_days,
             )
+        signin = config.signin
+        # The managed settings file, read when the service starts (after
+        # the start checks tried it), then again whenever it changes.
+        self.managed_settings = (
+            ManagedSettings(signin.managed_settings, read=False)
+            if signin is not None and signin.managed_settings is not None
+            else None
+        )
+        # Where the OTLP exports taken at /v1/logs, /v1/metrics and
+        # /v1/traces go; with no collector, counted and dropped.
+        self.telemetry = TelemetryForwarder(
+            signin.telemetry_endpoint if signin is not None else None, reactor, metrics=self.metrics
+        )
         self.app = RelayApp(
             config, self.clients, reactor=reactor, dumps=self.dumps, metrics=self.metrics, router=self.router,
-            ledger=ledger if ledger is not None else self.ledger,
+            ledger=ledger if ledger is not None else self.ledger, managed_settings=self.managed_settings,
+            telemetry=self.telemetry,
         )
 
         self.service = _RelayService(
@@ -465,11 +497,17 @@ class Relay:
         if self.app.signin is not None:
             # Reads the revocations every revocation_poll seconds; started after the ledger, stopped before it.
             self.app.signin.setServiceParent(self.service)
+        if self.managed_settings is not None:
+            self.managed_settings.setServiceParent(self.service)
+        if self._simulated_signin is not None:
+            self._simulated_signin.setServiceParent(self.service)
+        # Stopped once the requests in flight have ended: what is still queued then is dropped (and counted).
+        self.telemetry.setServiceParent(self.service)
         if config.simulate:
             _SimulatedUpstreamService(
                 reactor, self.client, config.simulate, dict(config.simulate_options), self._cloud
             ).setServiceParent(self.service)
-        site = RelaySite.for_config(self.app.resource(), config)
+        site = RelaySite.for_config(self.resource(), config)
         shared = []
         for description in config.listen:
             if worker or config.workers > 1:
@@ -511,7 +549,7 @@ class Relay:
             "upstream_key_set": bool(first.keys),
             "relay_keys": ("%d" % len(config.relay_keys)) if config.relay_keys
             else "none" if config.signin is not None else "none (every client is let in)",
-            "signin": "off" if config.signin is None else "%s (issuer %s)" % (config.signin.public_url, config.signin.issuer),
+            "signin": _signin_field(config.signin),
             "relay_key_count": len(config.relay_keys),
             "dump_dir": os.path.abspath(config.dump_dir) if config.dump_dir else "off",
             "usage_db": self.ledger.database.description if self.ledger is not None else "off",
@@ -524,7 +562,9 @@ class Relay:
         return self.clients[self.config.upstreams[0].name]
 
     def resource(self):
-        """The relay's web resource, for mounting in another ``Site``."""
+        """The relay's web resource, for mounting in another ``Site`` (with ``/_idp`` under ``--simulate-idp``)."""
+        if self._simulated_signin is not None:
+            return self._simulated_signin.mount(self.app.resource())
         return self.app.resource()
 
     def reload(self) -> ReloadResult:
@@ -534,7 +574,10 @@ class Relay:
         one replaces the upstreams, routes and breaker settings of
         :attr:`config`, and :attr:`router` and the upstream clients, for new
         requests; an invalid one is refused with one log line and the
-        running configuration stays.
+        running configuration stays. The ``[signin]`` table takes effect
+        at restart only (a change is named in the warning line): the
+        managed settings and the telemetry forwarder stay as they are,
+        and the settings file is read again whenever it changes anyway.
 
         SIGHUP calls this under ``twistd relay``; an application that embeds
         the relay calls it when it likes (in the reactor's thread).
@@ -579,6 +622,18 @@ class Relay:
                 settings=", ".join(result.needs_restart),
             )
         return result
+
+
+def _signin_field(signin) -> str:
+    """The start-up line's ``sign-in`` field: where people sign in, and the settings and telemetry it serves."""
+    if signin is None:
+        return "off"
+    parts = ["issuer " + signin.issuer]
+    if signin.managed_settings is not None:
+        parts.append("managed settings " + signin.managed_settings)
+    if signin.telemetry_endpoint is not None:
+        parts.append("telemetry to " + display_url(signin.telemetry_endpoint))
+    return "%s (%s)" % (signin.public_url, "; ".join(parts))
 
 
 def make_service(

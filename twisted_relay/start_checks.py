@@ -8,9 +8,10 @@ balancer see it up. So every resource the configuration names is tried
 first, each by a :class:`StartCheck`: every ``--listen`` endpoint is made
 (an ``ssl:`` one reads its key and certificates), the usage ledger is
 opened (its tables made if missing), a Redis thread store must answer, the
-dump folder must take a file, and each upstream's login gets its
-credentials. The first that fails is a
-:class:`StartupError` whose text is one line naming it.
+dump folder must take a file, the managed settings file must hold settings
+Claude Code can take, and each upstream's login gets its credentials. The
+first that fails is a :class:`StartupError` whose text is one line naming
+it.
 
 Who runs them (:func:`run_start_checks`): ``twistd relay`` as it makes the
 service, before twistd logs, daemonizes or binds anything
@@ -38,6 +39,7 @@ from twisted_relay.config import RelayConfig
 from twisted_relay.ledger_sql import LedgerError, open_ledger
 from twisted_relay.logins import LoginError, LoginThreads, login_for
 from twisted_relay.message_threads.store import ThreadStoreUnavailable, check_thread_store
+from twisted_relay.signin.managed_settings import ManagedSettings, SettingsFileError
 
 __all__ = [
     "ENDPOINT_ERRORS",
@@ -187,8 +189,16 @@ def start_checks_for(config: RelayConfig, reactor=None, *, logins: bool = True) 
                 (OSError,),
             )
         )
-    if config.signin is not None:
+    if config.signin is not None or config.simulate_idp:
         checks.append(StartCheck("cannot sign in", _signin_libraries, (ImportError,)))
+    if config.signin is not None and config.signin.managed_settings is not None:
+        checks.append(
+            StartCheck(
+                "cannot serve the managed settings",
+                lambda: ManagedSettings(config.signin.managed_settings),
+                (SettingsFileError,),
+            )
+        )
     if config.signin is not None and config.workers > 1 and config.usage_db is None:
         checks.append(StartCheck("cannot sign in with --workers", _signin_needs_a_database, (ValueError,)))
     if config.simulate == "bedrock":

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from twisted_relay.relay_keys import key_name_problem
 
-__all__ = ["SIGNIN_KEYS", "SignInConfig", "SignInConfigError", "signin_table"]
+__all__ = ["SIGNIN_KEYS", "SignInConfig", "SignInConfigError", "loopback_public_url", "signin_table"]
 
 #: The keys ``[signin]`` takes (and its ``[signin.groups]`` table).
 SIGNIN_KEYS = (
@@ -171,6 +171,26 @@ def signin_table(table, read_secret: Callable[[str, str], str], folder: str) -> 
         revocation_poll=_seconds(table, "revocation_poll", 2.0, least=0.1),
         poll_interval=int(_seconds(table, "poll_interval", 5, least=1)),
     )
+
+
+def loopback_public_url(listen: str) -> str:
+    """
+    ``http://127.0.0.1:PORT``, the public URL of a relay whose ``--listen``
+    description is ``listen`` (``tcp:PORT``, on all interfaces or on
+    127.0.0.1): what ``--simulate-idp`` signs people in at (Claude Code
+    takes ``http://`` on loopback only).
+
+    :raises ValueError: any other ``listen`` (the message says what is needed).
+    """
+    fields = listen.split(":")
+    options = dict(field.partition("=")[::2] for field in fields[2:])
+    if (fields[0] != "tcp" or len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) == 0
+            or options.get("interface", "") not in ("", "127.0.0.1", "0.0.0.0")):
+        raise ValueError(
+            "--simulate-idp serves Claude Code at http://127.0.0.1:PORT: the first --listen must be tcp:PORT "
+            "with a fixed port, on all interfaces or interface=127.0.0.1, not %r." % (listen,)
+        )
+    return "http://127.0.0.1:%d" % (int(fields[1]),)
 
 
 def _shown(name: object) -> str:

@@ -20,9 +20,11 @@ so what Claude Code parses hashes to the checksum served. ``uuid`` is the
 checksum, as the first-party gateway has it.
 
 :class:`ManagedSettings` reads the file at start (a file that is not a JSON
-object is refused there, in one line) and again when its size, change time
-or inode changes, looked at on each request (one ``stat``); a file gone bad
-after a change keeps the last good settings, and says so in the log. The
+object is refused there, in one line: as a relay's service it reads it when
+the service starts, after the start checks tried it) and again when its
+size, change time or inode changes, looked at on each request (one
+``stat``); a file gone bad after a change keeps the last good settings, and
+says so in the log. The
 file is at most :data:`MAX_SETTINGS_BYTES` and read on the reactor: a
 local file of that size reads in well under a millisecond, and it is read
 only when it changed.
@@ -38,6 +40,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
+from twisted.application.service import Service
 from twisted.logger import Logger
 
 from twisted_relay.errors import RelayError
@@ -205,21 +208,45 @@ def read_settings_document(data: bytes, where: str) -> SettingsDocument:
     return SettingsDocument(checksum, head + encoded + b"}", b'"' + checksum.encode("ascii") + b'"')
 
 
-class ManagedSettings:
+class ManagedSettings(Service):
     """
     The managed settings file, read again when it changes.
 
+    A service: with ``read=False`` the file is first read when the service
+    starts (the relay's, in the folder and as the user the relay runs as);
+    :meth:`read` raises there for a file that cannot be served.
+
     :param path: the JSON file the admin writes.
+    :param read: read it now.
     :raises SettingsFileError: the file cannot be read, or is not a JSON
         object (one line, for the relay's start to print).
     """
 
     log = Logger()
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, read: bool = True):
         self.path = path
-        self._seen = self._identity()
-        self.document = read_settings_document(self._read(), path)
+        self._seen = None
+        self.document: SettingsDocument | None = None
+        if read:
+            self.read()
+
+    def read(self) -> SettingsDocument:
+        """
+        Read the file now.
+
+        :raises SettingsFileError: it cannot be read, or is not settings
+            (the settings read before, if any, are kept).
+        """
+        seen = self._identity()
+        document = read_settings_document(self._read(), self.path)
+        self._seen, self.document = seen, document
+        return document
+
+    def startService(self):
+        Service.startService(self)
+        if self.document is None:
+            self.read()
 
     def _identity(self) -> tuple[int, int, int, int]:
         try:
@@ -236,7 +263,14 @@ class ManagedSettings:
             raise SettingsFileError("managed settings file %s: %s" % (self.path, e.strerror)) from None
 
     def current(self) -> SettingsDocument:
-        """The settings to serve now: the file's, read again if it changed since (the last good ones if it went bad)."""
+        """
+        The settings to serve now: the file's, read again if it changed
+        since (the last good ones if it went bad).
+
+        :raises SettingsFileError: it was never read, and cannot be now.
+        """
+        if self.document is None:
+            return self.read()
         try:
             seen = self._identity()
             if seen == self._seen:
@@ -275,8 +309,12 @@ async def managed_settings_route(context, request, who) -> bytes:
     settings = getattr(context, "managed_settings", None)
     if settings is None:
         request.setHeader(b"cache-control", b"no-store")
-        raise RelayError(404, "The relay serves no managed settings (start it with --managed-settings FILE).")
-    document = settings.current()
+        raise RelayError(404, "The relay serves no managed settings (its [signin] table names no managed_settings file).")
+    try:
+        document = settings.current()
+    except SettingsFileError:
+        # (Never read yet: the relay's start reads the file before it serves.)
+        raise RelayError(503, "The relay's managed settings cannot be read now.", error_type="api_error") from None
     request.setHeader(b"etag", document.etag)
     # Each person may revalidate, never reuse it unasked; no shared cache keeps it.
     request.setHeader(b"cache-control", b"private, no-cache")
