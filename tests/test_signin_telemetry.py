@@ -11,8 +11,11 @@ clear 400, 413 and 415 answers.
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import threading
 import time
+from types import SimpleNamespace
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -24,10 +27,17 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
+from twisted.web.test.requesthelper import DummyRequest
 
 from twisted_relay.metrics import RelayMetrics
 from twisted_relay.signin.person import Person
-from twisted_relay.signin.telemetry import MAX_EXPORT_BYTES, TelemetryForwarder, stamp_export
+from twisted_relay.signin.telemetry import (
+    MAX_EXPORT_BYTES,
+    STAMP_ON_THREAD_BYTES,
+    TelemetryForwarder,
+    logs_route,
+    stamp_export,
+)
 
 from tests.signin_helpers import ALICE, serve_app
 
@@ -267,3 +277,43 @@ class IntakeTests(TestCase):
         refused = await served.post("/v1/logs", logs_protobuf(), key=None, content_type="application/x-protobuf")
         self.assertEqual((refused.code, refused.headers.getRawHeaders("x-should-retry")), (401, ["false"]))
         await refused.content()
+
+
+class _KeyHolder:
+    """A relay key's holder that notes whether its name was read on the reactor's thread (stamping reads it)."""
+
+    group = None
+
+    def __init__(self):
+        self.read_on_reactor: list[bool] = []
+
+    @property
+    def name(self) -> str:
+        self.read_on_reactor.append(threading.current_thread() is threading.main_thread())
+        return "alice"
+
+
+class StampingPlaceTests(TestCase):
+    """A large export is stamped on a thread: its parsing would hold every stream of the reactor."""
+
+    async def intake(self, body: bytes) -> _KeyHolder:
+        who = _KeyHolder()
+        request = DummyRequest([b""])
+        request.method = b"POST"
+        request.requestHeaders.setRawHeaders(b"content-type", [b"application/x-protobuf"])
+        request.content = io.BytesIO(body)
+        forwarder = TelemetryForwarder(None, reactor, metrics=RelayMetrics())
+        answer = await logs_route(SimpleNamespace(reactor=reactor, telemetry=forwarder), request, who)
+        self.assertEqual(ExportLogsServiceResponse.FromString(answer), ExportLogsServiceResponse())
+        return who
+
+    async def test_large_exports_off_the_reactor(self):
+        small = logs_protobuf()
+        export = ExportLogsServiceRequest.FromString(small)
+        while export.ByteSize() <= STAMP_ON_THREAD_BYTES:
+            export.resource_logs.append(export.resource_logs[0])
+        self.assertLessEqual(len(small), STAMP_ON_THREAD_BYTES)
+        self.assertTrue(all((await self.intake(small)).read_on_reactor))
+        read = (await self.intake(export.SerializeToString())).read_on_reactor
+        self.assertTrue(read)
+        self.assertFalse(any(read))
