@@ -97,9 +97,13 @@ class SignInTableTests(SynchronousTestCase):
             GOOD.replace("https://relay.corp.internal/", "https://relay.corp.internal/sub"): "[signin] public_url: must be the relay's origin",
             GOOD.replace("https://relay.corp.internal/", "ftp://relay"): "[signin] public_url: must be an http",
             GOOD.replace("session_ttl = 600", "session_ttl = -1"): "[signin] session_ttl: must be a number",
+            GOOD.replace("session_ttl = 600", "session_ttl = 86401"): "[signin] session_ttl: must be at most 86400",
             GOOD.replace('"eng" = "engineering"', '"eng" = "not a name"'): "[signin] groups eng: the relay group must be",
             GOOD.replace("revocation_poll = 1.5", "revocation_pol = 1.5"): "[signin] revocation_pol: unknown key",
             GOOD.replace("Sign in with your corp account.", "x" * 501): "[signin] login_notice: must be text of at most 500",
+            # Over http off loopback the client secret, the codes and the provider's keys cross the network in clear.
+            GOOD.replace("https://login.example.com", "http://login.example.com"): "[signin] issuer: must be an https:// URL",
+            GOOD.replace("https://relay.corp.internal/", "http://10.0.0.5:8080"): "[signin] public_url: must be an https:// URL",
         }
         for text, expected in cases.items():
             self.assertIn(expected, self.refused(text))

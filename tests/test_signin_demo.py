@@ -164,6 +164,9 @@ class DemoSettingsTests(SynchronousTestCase):
             ({"simulate-idp": True, "listen": ["unix:relay.sock"]}, "--simulate-idp serves Claude Code at http://127.0.0.1:PORT"),
             ({"simulate-idp": True, "listen": ["tcp:0:interface=127.0.0.1"]}, "with a fixed port"),
             ({"simulate-idp": True, "listen": ["tcp:8080:interface=10.1.2.3"]}, "interface=127.0.0.1"),
+            # Its user picker asks no password: never on an interface others reach.
+            ({"simulate-idp": True, "listen": ["tcp:8080:interface=0.0.0.0"]}, "interface=127.0.0.1"),
+            ({"simulate-idp": True, "listen": ["tcp:8080"]}, "interface=127.0.0.1"),
             ({"simulate-idp": True, "workers": "2"}, "--simulate-idp runs in one process"),
         ):
             error = self.assertRaises(SettingsError, config_from, options)

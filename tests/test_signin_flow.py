@@ -144,8 +144,11 @@ class _World:
         self.testcase.assertIn('value="%s"' % (grant["user_code"],), page.text)
         self.testcase.assertNotIn("<script", page.text)
         self.testcase.assertIn("Sign in with your Example account.", page.text)
+        # A browser sends a form post with its page's origin (the page's referrer policy must allow it:
+        # under no-referrer a browser sends "Origin: null").
+        self.testcase.assertEqual(page.headers["referrer-policy"], "same-origin")
         sent = await deferToThread(browser.post, grant["verification_uri"], data={"user_code": grant["user_code"]},
-                                   allow_redirects=False, timeout=10)
+                                   headers={"Origin": self.public_url}, allow_redirects=False, timeout=10)
         self.testcase.assertEqual(sent.status_code, 303, sent.text)
         cookie = sent.headers["Set-Cookie"]
         for attribute in ("HttpOnly", "SameSite=lax", "Path=/oauth/callback"):
@@ -381,9 +384,10 @@ class SignInFlowTests(TestCase):
         world = _World(self)
         relay = world.relay()
         grant = await world.device_authorization(relay)
-        forged = await world.call("POST", relay + "/device", data={"user_code": grant["user_code"]},
-                                  headers={"Origin": "https://attacker.example"}, allow_redirects=False)
-        self.assertEqual(forged.status_code, 403)
+        for origin in ("https://attacker.example", "null"):
+            forged = await world.call("POST", relay + "/device", data={"user_code": grant["user_code"]},
+                                      headers={"Origin": origin}, allow_redirects=False)
+            self.assertEqual(forged.status_code, 403, origin)
         statuses = []
         for _ in range(11):
             tried = await world.call("POST", relay + "/device", data={"user_code": "BBBB-BBBB"}, allow_redirects=False)
@@ -391,13 +395,22 @@ class SignInFlowTests(TestCase):
         self.assertEqual(statuses, [400] * 10 + [429])
 
     async def test_device_authorization_body(self):
-        """Only ``surface=claude_code``: a client_id or another surface is refused with OAuth's error shape."""
+        """
+        Unknown parameters (a client_id, another surface, a later client's)
+        are ignored, as RFC 8628 and the gateway protocol ask; a body that
+        is not a form is refused with OAuth's error shape.
+        """
         world = _World(self)
         relay = world.relay()
-        for body in ("surface=claude_code&client_id=x", "surface=desktop", ""):
+        for body in ("surface=claude_code&client_id=x&scope=openid", "surface=desktop", "", "surface=claude_code&new=1"):
             answer = await world.call("POST", relay + "/oauth/device_authorization", data=body,
                                       headers={"Content-Type": "application/x-www-form-urlencoded"})
-            self.assertEqual((answer.status_code, answer.json()["error"]), (400, "invalid_request"))
+            self.assertEqual(answer.status_code, 200, (body, answer.text))
+            self.assertEqual(len(answer.json()["user_code"]), 9)
+        for body in (b"surface=claude_code&surface=claude_code", b"surface=claude_code&&x=1", b"surface=\xff"):
+            answer = await world.call("POST", relay + "/oauth/device_authorization", data=body,
+                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+            self.assertEqual((answer.status_code, answer.json()["error"]), (400, "invalid_request"), body)
             self.assertIn("error_description", answer.json())
 
 

@@ -126,13 +126,14 @@ async def metadata_route(signin, request) -> bytes:
 
 
 async def device_authorization_route(signin, request) -> bytes:
-    """``POST /oauth/device_authorization``: the body is ``surface=claude_code``, nothing else."""
+    """
+    ``POST /oauth/device_authorization``: Claude Code sends ``surface=claude_code``;
+    unknown parameters (a later client's, a ``client_id`` or ``scope``) are
+    ignored, as RFC 8628 and the gateway protocol ask, but the body must be a form.
+    """
 
     async def work():
-        form = form_of(request)
-        if form != {"surface": "claude_code"}:
-            raise OAuthError(400, "invalid_request",
-                             "This relay signs in Claude Code: the body is surface=claude_code, with no client_id or scope.")
+        form_of(request)
         if not signin.device_authorizations.allow(client_address(request), signin.now()):
             raise OAuthError(429, "slow_down", "Too many sign-ins from this address; wait a few minutes.")
         config = signin.config

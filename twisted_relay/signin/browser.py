@@ -55,7 +55,10 @@ def _page(request, status: int, title: str, body: str) -> bytes:
     request.setHeader(b"cache-control", b"no-store")
     request.setHeader(b"x-frame-options", b"DENY")
     request.setHeader(b"content-security-policy", b"default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'")
-    request.setHeader(b"referrer-policy", b"no-referrer")
+    # same-origin, not no-referrer: a browser sends a form posted from a
+    # no-referrer page with "Origin: null", which _same_origin refuses; the
+    # identity provider (another origin) is sent no referrer either way.
+    request.setHeader(b"referrer-policy", b"same-origin")
     return (_PAGE % {"title": escape(title), "body": body}).encode("utf-8")
 
 

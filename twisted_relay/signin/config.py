@@ -13,6 +13,7 @@ Pure: no Twisted, no I/O but the secrets' files the reader opens.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field, fields
 from typing import Callable
@@ -30,6 +31,8 @@ SIGNIN_KEYS = (
 )
 #: The shortest session secret (HS256 wants at least its own 256 bits).
 MIN_SECRET_LENGTH = 32
+#: The longest session token (seconds): a day.
+MAX_SESSION_TTL = 86400
 #: Claude Code shows at most this much of a login notice.
 MAX_LOGIN_NOTICE = 500
 _DEFAULT_SCOPES = ("openid", "profile", "email", "offline_access")
@@ -163,7 +166,9 @@ def signin_table(table, read_secret: Callable[[str, str], str], folder: str) -> 
         allowed_groups=_words(table, "allowed_groups", ()),
         groups_claim=_text(table, "groups_claim") if "groups_claim" in table else "groups",
         groups=_group_map(table.get("groups")),
-        session_ttl=_seconds(table, "session_ttl", 3600.0, least=30),
+        # At most a day: a revocation a relay could not read (its database away)
+        # and a person the provider no longer admits are refused by then at the latest.
+        session_ttl=_seconds(table, "session_ttl", 3600.0, least=30, most=MAX_SESSION_TTL),
         refresh_ttl=_seconds(table, "refresh_ttl", 30 * 86400.0, least=60),
         login_notice=notice or None,
         managed_settings=managed,
@@ -185,10 +190,12 @@ def loopback_public_url(listen: str) -> str:
     fields = listen.split(":")
     options = dict(field.partition("=")[::2] for field in fields[2:])
     if (fields[0] != "tcp" or len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) == 0
-            or options.get("interface", "") not in ("", "127.0.0.1", "0.0.0.0")):
+            or options.get("interface") != "127.0.0.1"):
+        # Its user picker asks no password: on any other interface anyone who
+        # reaches the port could sign in as a demo user and spend the upstream.
         raise ValueError(
-            "--simulate-idp serves Claude Code at http://127.0.0.1:PORT: the first --listen must be tcp:PORT "
-            "with a fixed port, on all interfaces or interface=127.0.0.1, not %r." % (listen,)
+            "--simulate-idp serves Claude Code at http://127.0.0.1:PORT and signs anyone in without a password: "
+            "the first --listen must be tcp:PORT:interface=127.0.0.1 with a fixed port, not %r." % (listen,)
         )
     return "http://127.0.0.1:%d" % (int(fields[1]),)
 
@@ -223,7 +230,20 @@ def _url(table: dict, key: str, *, path: bool) -> str:
         raise SignInConfigError(key, "may hold no user name, password, query or fragment")
     if not path and parts.path:
         raise SignInConfigError(key, "must be the relay's origin only (scheme, host and port), without a path")
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        # Over http off loopback the client secret, the codes and the provider's keys
+        # would cross the network in clear (and Claude Code refuses such a gateway).
+        raise SignInConfigError(key, "must be an https:// URL (http:// only on loopback: 127.0.0.1, ::1, localhost)")
     return url
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _words(table: dict, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -235,10 +255,12 @@ def _words(table: dict, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
-def _seconds(table: dict, key: str, default: float, *, least: float) -> float:
+def _seconds(table: dict, key: str, default: float, *, least: float, most: float | None = None) -> float:
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < least:
         raise SignInConfigError(key, "must be a number of seconds, at least %g" % (least,))
+    if most is not None and value > most:
+        raise SignInConfigError(key, "must be at most %g seconds" % (most,))
     return float(value)
 
 

@@ -316,7 +316,7 @@ class OIDCProvider:
         else:
             claims = await self._userinfo(answer.get("access_token"))
         if expected_sub is not None and claims.get("sub") != expected_sub:
-            raise IdPError("the identity provider's refresh answered for another subject")
+            raise IdPRefused("the identity provider's refresh answered for another subject")
         renewed = answer.get("refresh_token")
         return IdPAnswer(claims, renewed if isinstance(renewed, str) else refresh_token)
 

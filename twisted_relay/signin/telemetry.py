@@ -439,6 +439,9 @@ class TelemetryForwarder(Service):
 def _body_of(request) -> bytes:
     if getattr(request, "body_too_large", False):
         raise RelayError(413, "The export is larger than the relay takes.")
+    if getattr(request, "over_budget", False):
+        raise RelayError(529, "The relay holds as many request bodies as its memory limit allows; try again shortly.",
+                         kind="overloaded")
     content = request.content
     content.seek(0, 2)
     size = content.tell()
