@@ -211,13 +211,13 @@ class BedrockStreamTests(SynchronousTestCase):
 
         status, _, body = self.bedrock("bench:burst:7")
         wire = BedrockToSSE()
-        sse = wire.feed(body) + wire.end()
+        sse = wire.feed(body) + b"".join(raw for _, _, raw in wire.end())
         self.assertEqual(status, 200)
         self.assertEqual(sse, b"".join(stream_events(7, ping=False)))
         self.assertEqual(len(sse), _expected_bytes("bench:burst:7", "bedrock"))
         status, _, body = self.bedrock("bench:paced:4:1")
         wire = BedrockToSSE()
-        sse = wire.feed(body) + wire.end()
+        sse = wire.feed(body) + b"".join(raw for _, _, raw in wire.end())
         at = [i for i in range(len(sse)) if sse.startswith(STAMP_MARKER, i)]
         self.assertEqual(len(at), 4)
         self.assertTrue(all(int(sse[i + 2 : i + 18]) > 0 for i in at))

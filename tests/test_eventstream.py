@@ -33,11 +33,18 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+import tests.test_sse as gate_tests
+import twisted_relay.sse as sse_module
+from tests.test_openai_wires import _Bytes, _Events
+from tests.test_sse import (
+    ERROR_STREAM, FRESH, STREAMS, TOOL_HISTORY, _done, _reference_frame, _reporting_gate,
+)
 from twisted_relay.errors import RelayError
 from twisted_relay.metering import AnswerMeter
 from twisted_relay.prices import DEFAULT_PRICES
 from twisted_relay.sse import PING_EVENT, SSEGate
-from twisted_relay.translation import translate_request
+from twisted_relay.sse_events import event_name_at, parse_event
+from twisted_relay.translation import ORIGINAL, UNIQUE, UpstreamRules, translate_request
 from twisted_relay.wires.eventstream import (
     MAX_HEADER_VALUE_BYTES,
     BedrockError,
@@ -456,8 +463,9 @@ class BedrockToSSETests(SynchronousTestCase):
         self.assertEqual(stream.feed(chunk(stop)), sse(delta) + sse(stop))
         stream = BedrockToSSE()
         self.assertEqual(stream.feed(chunk(delta)), b"")
-        self.assertEqual(stream.end(), sse(delta))
-        self.assertEqual(stream.end(), b"")
+        ((name, payload, raw),) = stream.end()
+        self.assertEqual((name, payload, raw), (b"message_delta", delta, sse(delta)))
+        self.assertEqual(stream.end(), [])
 
     def _usage(self, start_usage: dict, delta_usage: dict | None, metrics: dict) -> dict:
         """The usage a meter reads through the gate, and the client's events, for one stream."""
@@ -745,6 +753,109 @@ class EventStreamToSSETests(SynchronousTestCase):
         self.assertEqual(gate.pings_sent, 1)
 
 
+def _as_bedrock(stream: bytes, metrics: dict) -> list[bytes]:
+    """A recorded Anthropic SSE stream as Bedrock sends it: a chunk frame per event, the metrics on ``message_stop``."""
+    frames = []
+    for raw in _reference_frame(stream)[0]:
+        name, data = parse_event(raw)
+        if name == "message_stop":
+            data = json.dumps(dict(json.loads(data), **{"amazon-bedrock-invocationMetrics": metrics}))
+        frames.append(chunk(data.encode()))
+    return frames
+
+
+class GateHandOffTests(SynchronousTestCase):
+    """
+    The wire hands the gate each read's events whole (``eventsReceived``):
+    nothing is framed or searched again, only the events the gate decides
+    and the wire did not parse are parsed; the client gets what the same
+    events' SSE bytes would have given it.
+    """
+
+    def test_the_gate_is_handed_events(self):
+        """
+        One call a read, a read of no whole frame included: each event's
+        name, its SSE bytes as the bytes path has them, and the payload the
+        wire parsed (the usage events, the metrics merged) or ``None``; a
+        protocol that reads bytes only gets those bytes.
+        """
+        data = bedrock_stream(TOOL_EVENTS, METRICS)
+        reads = cuts(data, 3, 12)
+        events, as_bytes = _Events(), _Bytes()
+        for inner in (events, as_bytes):
+            wire = EventStreamToSSE(inner)
+            wire.makeConnection(StringTransport())
+            for read in reads:
+                wire.dataReceived(read)
+            wire.connectionLost(Failure(ResponseDone()))
+        self.assertEqual(len(events.received), len(reads))
+        handed = [event for read in events.received for event in read]
+        self.assertEqual(b"".join(raw for _, _, raw in handed), BedrockToSSE().feed(data))
+        self.assertEqual(b"".join(as_bytes.received), BedrockToSSE().feed(data))
+        for name, payload, raw in handed:
+            said, text = parse_event(raw)
+            self.assertEqual(said.encode(), name)
+            if name in (b"message_start", b"message_delta", b"message_stop"):  # read for the usage and metrics
+                self.assertEqual(payload, json.loads(text))
+            else:
+                self.assertIsNone(payload, name)
+
+    def test_through_the_gate_as_bytes(self):
+        """
+        The recorded streams (ids fresh and reused, server tools, thinking
+        with a marked signature, non-ASCII text, ids in ``message_start``,
+        an upstream error event), as Bedrock frames with metrics, in reads
+        of one frame, all at once and cut anywhere, under each upstream's
+        rules: the same writes, rewrites, usage, error reports and ending as
+        the gate gives the same events' bytes; the gate frames nothing and
+        parses only the events it decides that the wire did not parse.
+        """
+        framed, parsed = [], []
+        self.patch(sse_module, "event_name_at", lambda *args: framed.append(args) or event_name_at(*args))
+        self.patch(sse_module, "parse_event", lambda raw: parsed.append(raw) or parse_event(raw))
+        marking = UpstreamRules(name="anthropic", policy=UNIQUE, mark_thinking=True)
+        streams = [STREAMS[name][:2] for name in gate_tests.GateEventsTests.NAMES] + [(ERROR_STREAM, TOOL_HISTORY)]
+        rewritten = 0
+        for stream, history in streams:
+            frames = _as_bedrock(stream, METRICS)
+            data = b"".join(frames)
+            splits = [("one a read", frames), ("all in one", [data])]
+            splits += [("cut, seed %d" % (seed,), cuts(data, seed, 4 + 3 * seed)) for seed in range(4)]
+            for rules in (UNIQUE, ORIGINAL, marking):
+                for body in (FRESH, history):
+                    for label, reads in splits:
+                        where = "%s, %s, %s" % (parse_event(_reference_frame(stream)[0][1])[0], rules, label)
+                        by_bytes, bytes_sink, bytes_seen = _reporting_gate(body, rules)
+                        by_bytes.makeConnection(StringTransport())
+                        stream_reader = BedrockToSSE()
+                        for read in reads:
+                            by_bytes.dataReceived(stream_reader.feed(read))
+                        by_bytes.dataReceived(b"".join(raw for _, _, raw in stream_reader.end()))
+                        by_bytes.connectionLost(_done())
+                        del framed[:], parsed[:]
+                        by_events, events_sink, events_seen = _reporting_gate(body, rules)
+                        wire = EventStreamToSSE(by_events)
+                        wire.makeConnection(StringTransport())
+                        for read in reads:
+                            wire.dataReceived(read)
+                        wire.connectionLost(_done())
+                        self.assertEqual(framed, [], where)
+                        decided = [raw for name, payload, raw in BedrockToSSE().events(data) if payload is None
+                                   and (name in (b"content_block_start", b"error")
+                                        or (rules is marking and b'"signature_delta"' in raw))]
+                        self.assertEqual(parsed, decided, where)
+                        for gate in (by_bytes, by_events):
+                            self.assertIsNone(self.successResultOf(gate.done), where)
+                        self.assertEqual(events_sink.writes, bytes_sink.writes, where)
+                        self.assertEqual(events_seen, bytes_seen, where)
+                        for counter in ("events_rewritten", "message_stop_seen", "error_event_seen",
+                                        "bytes_received", "bytes_written"):
+                            self.assertEqual(getattr(by_events, counter), getattr(by_bytes, counter),
+                                             (counter, where))
+                        rewritten += by_events.events_rewritten
+        self.assertGreater(rewritten, 0)
+
+
 class ChunkJsonTests(SynchronousTestCase):
     """The padding and the order of a chunk's fields do not matter."""
 
@@ -829,7 +940,7 @@ class FailureTests(SynchronousTestCase):
         def broken(data):
             raise TypeError("a bug")
 
-        wire.stream.feed = broken
+        wire.stream.events = broken
         wire.dataReceived(chunk(TOOL_EVENTS[1]))
         self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
         self.assertEqual(transport.producerState, "stopped")

@@ -1069,6 +1069,26 @@ def _as_events(raws) -> list[tuple[bytes, dict, bytes]]:
     return events
 
 
+def _reporting_gate(body: dict, rules):
+    """
+    A gate (not yet connected) for the answer to ``body`` under ``rules``,
+    its sink, and what it reports: rewrites, usage, error events (an
+    ``error`` event's "Overloaded" redacted).
+    """
+    seen = {"rewrites": [], "usage": [], "errors": []}
+    sink = _Sink()
+    gate = SSEGate(
+        sink,
+        translate_request(body, rules).response(),
+        clock=Clock(),
+        on_rewrite=seen["rewrites"].append,
+        on_usage=lambda name, payload: seen["usage"].append((name, json.dumps(payload))),
+        on_error_event=seen["errors"].append,
+        redact_error=lambda raw: raw.replace(b"Overloaded", b"[REDACTED]"),
+    )
+    return gate, sink, seen
+
+
 def _groups(events: list, seed: int) -> list[list]:
     """``events`` in runs of seeded random lengths (a read holds one or several)."""
     rnd, groups, i = random.Random(seed), [], 0
@@ -1091,14 +1111,8 @@ class GateEventsTests(SynchronousTestCase):
     NAMES = ("tool_use", "server_tool", "thinking", "non_ascii", "message_start")
 
     def _gate(self, body: dict, rules):
-        seen = {"rewrites": [], "usage": [], "errors": []}
-        gate, sink, _, _ = _gate(
-            translate_request(body, rules).response(),
-            on_rewrite=seen["rewrites"].append,
-            on_usage=lambda name, payload: seen["usage"].append((name, json.dumps(payload))),
-            on_error_event=seen["errors"].append,
-            redact_error=lambda raw: raw.replace(b"Overloaded", b"[REDACTED]"),
-        )
+        gate, sink, seen = _reporting_gate(body, rules)
+        gate.makeConnection(StringTransport())
         return gate, sink, seen
 
     def test_as_their_bytes(self):

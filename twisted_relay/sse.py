@@ -15,10 +15,11 @@ With a usage reader (``on_usage``), ``message_delta`` is parsed too (one per
 answer). Every other event is never parsed and leaves as the very bytes that
 came in.
 
-A wire that makes Anthropic's events itself (an OpenAI stream translated)
-hands them over already parsed and serialised (:meth:`SSEGate.eventsReceived`):
-the same events are decided from their payloads, by the same code, and the
-others leave as the bytes the wire made; nothing is framed or parsed again.
+A wire that makes Anthropic's events itself (an OpenAI stream translated,
+Bedrock's frames decoded) hands them over whole (:meth:`SSEGate.eventsReceived`):
+the same events are decided, by the same code, from the payloads the wire
+parsed (or from their bytes, parsed only then), and the others leave as the
+bytes the wire made; nothing is framed or searched again.
 """
 
 from __future__ import annotations
@@ -244,17 +245,19 @@ class SSEGate(Protocol):
         self._framer.append(data)
         self._drain()
 
-    def eventsReceived(self, events: list[tuple[bytes, dict, bytes]]) -> None:
+    def eventsReceived(self, events: list[tuple[bytes, dict | None, bytes]]) -> None:
         """
         Take whole events that a wire made itself (its translation of
-        another protocol's stream), as ``(name, payload, raw)``: the event's
-        name, its data parsed (a dict, the gate's from now on: the
-        translator changes it in place) and its bytes, which ``payload``
-        is, serialised. They are decided and written as :meth:`dataReceived`
-        decides and writes ``raw``, in one write, without being framed or
-        parsed again. While anything waits (a pause, events not yet
-        written, a call of ours under way) they join it as ``raw``, through
-        :meth:`dataReceived`.
+        another protocol's stream, or its own framing's), as ``(name,
+        payload, raw)``: the event's name, its data parsed (a dict, the
+        gate's from now on: the translator changes it in place) or ``None``
+        when the wire did not parse it, and its bytes (one ``event`` and one
+        ``data`` line), which ``payload`` is, serialised. They are decided
+        and written as :meth:`dataReceived` decides and writes ``raw``, in
+        one write, without being framed or searched again; an event given
+        no payload is parsed from ``raw`` only if the gate decides it.
+        While anything waits (a pause, events not yet written, a call of
+        ours under way) they join it as ``raw``, through :meth:`dataReceived`.
         """
         framer = self._framer
         if self._busy or self._paused or self.done.called or framer.position != len(framer.buffer):
@@ -267,7 +270,8 @@ class SSEGate(Protocol):
             for name, payload, raw in events:
                 received += len(raw)
                 if name in self._parsed or (
-                    name == _CONTENT_BLOCK_DELTA and self._marks_thinking and _signs(payload)
+                    name == _CONTENT_BLOCK_DELTA and self._marks_thinking and (
+                        _signs(payload) if payload is not None else raw.find(_SIGNATURE_DELTA) >= 0)
                 ):
                     replacement = self._decide(name, raw, payload)
                     pieces.append(raw if replacement is None else replacement)

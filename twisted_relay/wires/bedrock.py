@@ -11,7 +11,7 @@ client's ``anthropic-beta`` header moved into the body's
 ``anthropic_beta``, the service tier in ``X-Amzn-Bedrock-Service-Tier``.
 
 Back: a stream is AWS's event stream (:mod:`twisted_relay.wires.eventstream`
-turns it into Anthropic's SSE before the gate); an error's
+turns it into Anthropic's events, handed to the gate whole); an error's
 ``x-amzn-ErrorType`` and message become Anthropic's envelope and the status
 that makes clients behave; CountTokens' ``{"inputTokens": N}`` becomes
 ``{"input_tokens": N}``.
@@ -159,8 +159,9 @@ def _message_of(body: bytes) -> str | None:
 
 class EventStreamAnswer:
     """
-    Bedrock's streamed answer as the relay reads it: Anthropic's SSE, its
-    frames decoded on the way (:class:`~twisted_relay.wires.eventstream.EventStreamToSSE`).
+    Bedrock's streamed answer as the relay reads it: Anthropic's events, its
+    frames decoded on the way (:class:`~twisted_relay.wires.eventstream.EventStreamToSSE`;
+    the gate is handed them whole, any other protocol their SSE bytes).
     Everything but the body's form and its content type is the response's own.
     """
 

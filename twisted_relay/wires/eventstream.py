@@ -10,7 +10,8 @@ server-sent events for the SSE gate. Bottom to top:
   invocation metrics into the usage, exception frames as ``error`` events;
   :func:`bedrock_error` maps Bedrock's error names, streamed or not.
 - :class:`EventStreamToSSE`: the Protocol that ``deliverBody`` feeds, in
-  front of the gate (:class:`~twisted_relay.sse.SSEGate`).
+  front of the gate (:class:`~twisted_relay.sse.SSEGate`), which it hands
+  the events whole (``eventsReceived``): nothing is framed again.
 """
 
 from __future__ import annotations
@@ -49,10 +50,8 @@ MAX_HEADER_VALUE_BYTES = 32767
 
 #: Bedrock's invocation metric -> the Anthropic ``usage`` count it reports.
 USAGE_OF_METRIC = {
-    "inputTokenCount": "input_tokens",
-    "outputTokenCount": "output_tokens",
-    "cacheReadInputTokenCount": "cache_read_input_tokens",
-    "cacheWriteInputTokenCount": "cache_creation_input_tokens",
+    "inputTokenCount": "input_tokens", "outputTokenCount": "output_tokens",
+    "cacheReadInputTokenCount": "cache_read_input_tokens", "cacheWriteInputTokenCount": "cache_creation_input_tokens",
 }
 
 _PRELUDE = struct.Struct("!III")
@@ -120,12 +119,8 @@ class FrameDecoder:
     :param max_header_value_bytes: the largest ``bytes`` or ``string`` value.
     """
 
-    def __init__(
-        self,
-        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
-        max_headers_bytes: int = MAX_HEADERS_BYTES,
-        max_header_value_bytes: int = MAX_HEADER_VALUE_BYTES,
-    ):
+    def __init__(self, max_payload_bytes: int = MAX_PAYLOAD_BYTES, max_headers_bytes: int = MAX_HEADERS_BYTES,
+                 max_header_value_bytes: int = MAX_HEADER_VALUE_BYTES):
         self.max_payload_bytes = max_payload_bytes
         self.max_headers_bytes = max_headers_bytes
         self.max_header_value_bytes = max_header_value_bytes
@@ -407,6 +402,7 @@ _CHUNK_FIRST_BYTES = len(_CHUNK_FIRST)
 _MALFORMED = "The upstream's event stream was malformed: %s"
 _NOT_BASE64 = "a chunk's \"bytes\" is not base64"
 _MAX_TEXT = 1000
+_RELAY_FAILED = "The relay failed while reading the upstream's event stream."
 
 
 class _Malformed(Exception):
@@ -415,7 +411,8 @@ class _Malformed(Exception):
 
 class BedrockToSSE:
     """
-    Turn Bedrock's event stream into Anthropic's SSE bytes, read by read.
+    Turn Bedrock's event stream into Anthropic's events, read by read: as
+    SSE bytes (:meth:`feed`), or as the gate takes them (:meth:`events`).
 
     Each ``chunk`` event frame becomes ``event: <type>`` and ``data:`` with
     the event's JSON as Bedrock encoded it (the padding ``p`` dropped; a
@@ -463,11 +460,15 @@ class BedrockToSSE:
 
     def feed(self, data: bytes) -> bytes:
         """The SSE bytes of every event the read completes (``b""`` for none)."""
+        return b"".join([raw for _, _, raw in self.events(data)])
+
+    def events(self, data: bytes) -> list[tuple[bytes, dict | None, bytes]]:
+        """The events the read completes, as ``SSEGate.eventsReceived`` takes them (payload ``None``: not parsed)."""
         if self.ended:
-            return b""
+            return []
         buf, frames, error = self._decoder.read(data)
         fault = None if error is None else str(error)
-        out: list[bytes] = []
+        out: list[tuple[bytes, dict | None, bytes]] = []
         for headers, start, end in frames:
             try:
                 # The decoder gives frames with the same headers the same dict.
@@ -475,7 +476,7 @@ class BedrockToSSE:
                     if headers.get(":event-type") != "chunk" or headers.get(":message-type") != "event":
                         self._other(headers, bytes(buf[start:end]), out)
                         if self.ended:
-                            return b"".join(out)
+                            return out
                         continue
                     self._chunk_headers = headers
                 # Bedrock writes "bytes" first, its base64 holding no quote
@@ -500,7 +501,7 @@ class BedrockToSSE:
                     continue
                 if self._held is not None:
                     self._release(out)
-                out += (b"event: ", name, b"\ndata: ", raw, b"\n\n")
+                out.append((name, None, b"".join((b"event: ", name, b"\ndata: ", raw, b"\n\n"))))
             except _Malformed as e:
                 fault = str(e)
                 break
@@ -510,17 +511,17 @@ class BedrockToSSE:
         if fault is not None:
             self.malformed = fault
             self._end(out, "api_error", _MALFORMED % (fault,))
-        return b"".join(out)
+        return out
 
-    def end(self) -> bytes:
-        """The stream has ended: the ``message_delta`` still held, if any."""
-        out: list[bytes] = []
+    def end(self) -> list[tuple[bytes, dict | None, bytes]]:
+        """The stream has ended: the ``message_delta`` still held, if any, as :meth:`events` gives it."""
+        out: list[tuple[bytes, dict | None, bytes]] = []
         self._release(out)
-        return b"".join(out)
+        return out
 
     # -- one frame -------------------------------------------------------------
 
-    def _other(self, headers: dict[str, Any], payload: bytes, out: list[bytes]) -> None:
+    def _other(self, headers: dict[str, Any], payload: bytes, out: list) -> None:
         kind = headers.get(":message-type")
         if kind == "exception":
             self._exception(headers.get(":exception-type"), payload, out)
@@ -530,7 +531,7 @@ class BedrockToSSE:
             self.error = error
             self._end(out, error.error_type, error.message)
 
-    def _parsed_chunk(self, raw: bytes, out: list[bytes]) -> None:
+    def _parsed_chunk(self, raw: bytes, out: list) -> None:
         """A chunk's event that is parsed: one with usage or metrics, or one whose JSON is written again."""
         event = _parse_event(raw)
         name = event["type"].encode("utf-8")
@@ -551,13 +552,13 @@ class BedrockToSSE:
             message = event.get("message")
             if isinstance(message, dict):
                 self._note_reported(message.get("usage"))
-        out += (b"event: ", name, b"\ndata: ", raw, b"\n\n")
+        out.append((name, event, b"".join((b"event: ", name, b"\ndata: ", raw, b"\n\n"))))
 
     def _note_reported(self, usage: Any) -> None:
         if isinstance(usage, dict):
             self._reported.update(name for name, value in usage.items() if value is not None)
 
-    def _release(self, out: list[bytes]) -> None:
+    def _release(self, out: list) -> None:
         """Write the held ``message_delta``, with the metrics' counts no event reported."""
         event = self._held
         if event is None:
@@ -567,23 +568,19 @@ class BedrockToSSE:
         metrics = self.invocation_metrics
         usage = event.get("usage")
         if isinstance(metrics, dict) and (usage is None or isinstance(usage, dict)):
-            unreported = {
-                USAGE_OF_METRIC[metric]: count
-                for metric, count in metrics.items()
-                if metric in USAGE_OF_METRIC
-                and USAGE_OF_METRIC[metric] not in self._reported
-                and type(count) is int
-                and count >= 0
-            }
+            reported = self._reported
+            unreported = {USAGE_OF_METRIC[metric]: count for metric, count in metrics.items()
+                          if metric in USAGE_OF_METRIC and USAGE_OF_METRIC[metric] not in reported
+                          and type(count) is int and count >= 0}
             if unreported:
                 if usage is None:
                     usage = event["usage"] = {}
                 usage.update(unreported)
                 self._reported.update(unreported)
                 raw = to_json(event)
-        out.append(b"event: " + _MESSAGE_DELTA + b"\ndata: " + raw + b"\n\n")
+        out.append((_MESSAGE_DELTA, event, b"event: " + _MESSAGE_DELTA + b"\ndata: " + raw + b"\n\n"))
 
-    def _exception(self, exception_type: Any, payload: bytes, out: list[bytes]) -> None:
+    def _exception(self, exception_type: Any, payload: bytes, out: list) -> None:
         message, original_status = None, None
         try:
             body = ujson.loads(payload)
@@ -596,18 +593,15 @@ class BedrockToSSE:
             if not isinstance(message, str) or not message:
                 message = body.get("originalMessage")
             original_status = body.get("originalStatusCode")
-        error = bedrock_error(
-            exception_type if isinstance(exception_type, str) else None,
-            message if isinstance(message, str) else None,
-            original_status,
-        )
+        error = bedrock_error(exception_type if isinstance(exception_type, str) else None,
+                              message if isinstance(message, str) else None, original_status)
         self.error = error
         self._end(out, error.error_type, error.message)
 
-    def _end(self, out: list[bytes], error_type: str, message: str) -> None:
+    def _end(self, out: list, error_type: str, message: str) -> None:
         self._release(out)
         self.ended = True
-        out.append(sse_error_event(error_type, message))
+        out.append((b"error", None, sse_error_event(error_type, message)))
 
 
 def _event_json(payload: bytes) -> bytes:
@@ -642,19 +636,20 @@ def _parse_event(raw: bytes) -> dict:
 
 class EventStreamToSSE(Protocol):
     """
-    Read a Bedrock event-stream body and feed its events, as Anthropic's SSE,
-    to ``inner`` (the SSE gate): give this to ``response.deliverBody``.
+    Read a Bedrock event-stream body and feed its events to ``inner`` (the
+    SSE gate): give this to ``response.deliverBody``.
 
-    The transport is the inner protocol's too, so its pauses, resumptions
-    and stop (a slow or departed client) reach the upstream. Each read's
-    complete events reach ``inner.dataReceived`` in one call; a read that
-    completes none still reaches it (as no bytes), so that its idle timer
-    hears the upstream is alive. A malformed stream ends with an
-    ``api_error`` event, after which the upstream transport is stopped; the
-    gate then ends the client's stream as one that reported its own error.
-    See :class:`BedrockToSSE` for the rest.
+    Each read's complete events reach the gate in one call, whole
+    (:meth:`BedrockToSSE.events` to ``eventsReceived``: it frames and
+    searches nothing again); a protocol without it gets their SSE bytes. A
+    read that completes none still reaches it (its idle timer hears the
+    upstream is alive). The transport is the inner protocol's too, so a
+    slow or departed client's pause or stop reaches the upstream. A
+    malformed stream ends with an ``api_error`` event and the upstream
+    stopped; the gate ends the client's stream as one that reported its
+    own error. See :class:`BedrockToSSE` for the rest.
 
-    :param inner: the protocol that reads SSE, e.g. an ``SSEGate``.
+    :param inner: the protocol that reads the events, e.g. an ``SSEGate``.
     :param max_payload_bytes: the largest frame payload accepted.
 
     :ivar stream: the :class:`BedrockToSSE` (its ``error``,
@@ -665,6 +660,7 @@ class EventStreamToSSE(Protocol):
 
     def __init__(self, inner: IProtocol, max_payload_bytes: int = MAX_PAYLOAD_BYTES):
         self._inner = inner
+        self._events_received = getattr(inner, "eventsReceived", None)
         self.stream = BedrockToSSE(max_payload_bytes)
         self._failed = False
 
@@ -679,20 +675,26 @@ class EventStreamToSSE(Protocol):
         if stream.ended or self._failed:
             return
         try:
-            events = stream.feed(data)
+            events = stream.events(data)
         except Exception:
             # A bug of ours: the client hears of it as of a malformed stream.
             self.log.failure("Reading an upstream's event stream failed")
             self._failed = True
-            events = sse_error_event("api_error", "The relay failed while reading the upstream's event stream.")
-        self._inner.dataReceived(events)
+            events = [(b"error", None, sse_error_event("api_error", _RELAY_FAILED))]
+        self._hand_on(events)
         if stream.malformed is not None or self._failed:
             # Nothing more is read (the stream has ended): stop the upstream.
             self.transport.stopProducing()
 
+    def _hand_on(self, events: list[tuple[bytes, dict | None, bytes]]) -> None:
+        if self._events_received is not None:
+            self._events_received(events)
+        else:
+            self._inner.dataReceived(b"".join([raw for _, _, raw in events]))
+
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Pass on the ``message_delta`` still held, then the end."""
-        tail = b"" if self._failed else self.stream.end()
+        tail = [] if self._failed else self.stream.end()
         if tail:
-            self._inner.dataReceived(tail)
+            self._hand_on(tail)
         self._inner.connectionLost(reason)
