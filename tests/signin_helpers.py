@@ -141,21 +141,35 @@ def claude_code_folders(folder: str, gateway: str) -> tuple[str, str]:
     return home, project
 
 
-async def claude_code_signs_in(testcase, claude: str, world, gateway: str, environment: dict, project: str,
-                               email: str) -> GatewayLogin:
+def cli_environment(home: str, trap_url: str, **more: str) -> dict:
     """
-    ``claude auth login --gateway-json`` against ``gateway``, ``email``
-    signing in at the browser (``world``: the identity provider and relays of
-    ``tests.test_signin_flow``); checked to end with ``done`` and status 0
-    within :data:`LOGIN_WITHIN` seconds.
+    All a CLI under test gets: ``PATH``, its fresh ``HOME``, its own traffic to
+    Anthropic off, every host but 127.0.0.1 through the trap, and ``more``.
+    """
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1", "HTTPS_PROXY": trap_url, "HTTP_PROXY": trap_url, "NO_PROXY": "127.0.0.1",
+        **more,
+    }
+
+
+async def gateway_login(claude: str, world, gateway: str, environment: dict, project: str,
+                        email: str) -> tuple[int, GatewayLogin, list]:
+    """
+    ``claude auth login --gateway-json`` against ``gateway``, ``email`` at
+    the browser (``world``: the identity provider and relays of
+    ``tests.test_signin_flow``), killed after :data:`LOGIN_WITHIN` seconds:
+    its exit code, the login (its screens) and the pages the browser ended on.
     """
     from tests.test_signin_flow import session
+
+    pages = []
 
     async def sign_in(state: dict) -> None:
         grant = {"verification_uri": gateway + "/device", "user_code": state["userCode"],
                  "verification_uri_complete": state.get("browserUrl") or state["verificationUri"]}
-        done = await world.browser_signs_in(grant, email, session())
-        testcase.assertEqual(done.status_code, 200, done.text)
+        pages.append(await world.browser_signs_in(grant, email, session()))
 
     login = GatewayLogin(sign_in)
     process = reactor.spawnProcess(login, claude, [claude, "auth", "login", "--gateway-json"], env=environment,
@@ -164,6 +178,14 @@ async def claude_code_signs_in(testcase, claude: str, world, gateway: str, envir
     code = await login.ended
     if timer.active():
         timer.cancel()
+    return code, login, pages
+
+
+async def claude_code_signs_in(testcase, claude: str, world, gateway: str, environment: dict, project: str,
+                               email: str) -> GatewayLogin:
+    """:func:`gateway_login`, checked: the browser step's page a 200, the CLI ending with ``done`` and status 0."""
+    code, login, pages = await gateway_login(claude, world, gateway, environment, project, email)
+    testcase.assertEqual([page.status_code for page in pages], [200], [page.text for page in pages])
     names = [state.get("state") for state in login.states]
     testcase.assertEqual((code, names[-1] if names else None), (0, "done"), (login.states, login.stderr[-2000:]))
     return login

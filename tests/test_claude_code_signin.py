@@ -21,7 +21,7 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
 from bench.claude_code import installed_cli, run_cli
-from tests.signin_helpers import claude_code_folders, claude_code_signs_in, trap
+from tests.signin_helpers import claude_code_folders, claude_code_signs_in, cli_environment, trap
 from tests.test_signin_flow import _World
 
 CLAUDE, NOT_INSTALLED = installed_cli()
@@ -39,11 +39,7 @@ class ClaudeCodeSignInTests(TestCase):
         self.addCleanup(shutil.rmtree, folder, True)
         home, project = claude_code_folders(folder, relay)
         caught, trap_url = trap(self)
-        environment = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1", "HTTPS_PROXY": trap_url, "HTTP_PROXY": trap_url, "NO_PROXY": "127.0.0.1",
-        }
+        environment = cli_environment(home, trap_url)
         login = await claude_code_signs_in(self, CLAUDE, world, relay, environment, project, "alice@example.com")
         names = [state.get("state") for state in login.states]
         self.assertIn("polling", names)

@@ -24,8 +24,8 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
 from bench.claude_code import installed_cli, run_cli
-from tests.signin_helpers import LOGIN_WITHIN, GatewayLogin, claude_code_folders, kill, trap
-from tests.test_signin_flow import ADMIN, _World, session
+from tests.signin_helpers import claude_code_folders, cli_environment, gateway_login, trap
+from tests.test_signin_flow import ADMIN, _World
 
 CLAUDE, NOT_INSTALLED = installed_cli()
 
@@ -39,28 +39,11 @@ class _SignedInCLI:
         testcase.addCleanup(shutil.rmtree, folder, True)
         self.home, self.project = claude_code_folders(folder, relay)
         self.trap, trap_url = trap(testcase)
-        self.environment = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.home,
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1", "HTTPS_PROXY": trap_url, "HTTP_PROXY": trap_url, "NO_PROXY": "127.0.0.1",
-        }
+        self.environment = cli_environment(self.home, trap_url)
 
     async def login(self, email: str) -> tuple[int, list[dict], object]:
         """``claude auth login --gateway-json`` with ``email`` at the browser: exit code, screens, the callback's page."""
-        pages = []
-
-        async def sign_in(state: dict) -> None:
-            grant = {"verification_uri": self.relay + "/device", "user_code": state["userCode"],
-                     "verification_uri_complete": state.get("browserUrl") or state["verificationUri"]}
-            pages.append(await self.world.browser_signs_in(grant, email, session()))
-
-        login = GatewayLogin(sign_in)
-        process = reactor.spawnProcess(login, CLAUDE, [CLAUDE, "auth", "login", "--gateway-json"],
-                                       env=self.environment, path=self.project)
-        timer = reactor.callLater(LOGIN_WITHIN, kill, process)
-        code = await login.ended
-        if timer.active():
-            timer.cancel()
+        code, login, pages = await gateway_login(CLAUDE, self.world, self.relay, self.environment, self.project, email)
         return code, login.states, pages[0] if pages else None
 
     async def prompt(self, text: str):

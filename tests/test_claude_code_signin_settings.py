@@ -42,7 +42,7 @@ from twisted_relay.signin.managed_settings import settings_checksum
 from twisted_relay.simulated.idp import IdPClient
 
 from bench.claude_code import installed_cli, run_cli
-from tests.signin_helpers import claude_code_folders, claude_code_signs_in, kill, trap
+from tests.signin_helpers import claude_code_folders, claude_code_signs_in, cli_environment, kill, trap
 from tests.test_signin_flow import CLIENT_SECRET, _World
 from tests.test_signin_telemetry import Collector
 
@@ -230,12 +230,7 @@ class ClaudeCodeSettingsTelemetryTests(TestCase):
         # Anthropic, not the OpenTelemetry exports an administrator turns on (observed: both sent with them).
         # A resource attribute of the developer's own passes through; the identity ones the CLI takes
         # from the session token, over OTEL_RESOURCE_ATTRIBUTES (observed), and the relay sets them anyway.
-        environment = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1", "HTTPS_PROXY": trap_url, "HTTP_PROXY": trap_url, "NO_PROXY": "127.0.0.1",
-            "OTEL_RESOURCE_ATTRIBUTES": "user.email=ceo@example.com,user.id=ceo,team=platform",
-        }
+        environment = cli_environment(home, trap_url, OTEL_RESOURCE_ATTRIBUTES="user.email=ceo@example.com,user.id=ceo,team=platform")
         await claude_code_signs_in(self, CLAUDE, world, gateway, environment, project, "alice@example.com")
         with open(os.path.join(home, ".claude", ".credentials.json")) as f:
             bearer = "Bearer " + json.load(f)["enterpriseGateway"]["jwt"]

@@ -29,7 +29,7 @@ from twisted_relay.simulated.signin_demo import SimulatedSignIn
 
 from bench.claude_code import installed_cli, run_cli
 from tests.helpers import free_port, start_twistd
-from tests.signin_helpers import claude_code_folders, claude_code_signs_in, trap
+from tests.signin_helpers import claude_code_folders, claude_code_signs_in, cli_environment, trap
 
 CLAUDE, NOT_INSTALLED = installed_cli()
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
@@ -140,11 +140,7 @@ class DemoTests(TestCase):
         self.addCleanup(shutil.rmtree, folder, True)
         home, project = claude_code_folders(folder, relay)
         caught, trap_url = trap(self)
-        environment = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1", "HTTPS_PROXY": trap_url, "HTTP_PROXY": trap_url, "NO_PROXY": "127.0.0.1",
-        }
+        environment = cli_environment(home, trap_url)
         await claude_code_signs_in(self, CLAUDE, _DemoPerson(self), relay, environment, project, "bob@example.com")
         status = await run_cli(reactor, [CLAUDE, "auth", "status", "--json"], environment, project, 60)
         self.assertEqual(json.loads(status.stdout)["email"], "bob@example.com")
