@@ -653,10 +653,18 @@ class AnswerTests(SynchronousTestCase):
         self.assertEqual([report["cache_read_input_tokens"] + report["input_tokens"]
                           + report["cache_creation_input_tokens"] for report in reported],
                          [usage["input_tokens"] for usage in usages])
+        # Without cache writes: none reported, and the tally still adds up to OpenAI's input_tokens. (Not
+        # compared with the run above: each run's call ids are random, the next turn's input holds them, and
+        # their token count varies by a few tokens from run to run: 1355 against 1372 seen in CI.)
         quiet = _Sim(cache_writes=False)
         _, responses = quiet.loop(2, instructions=instructions)
-        self.assertEqual(responses[1]["usage"]["input_tokens_details"]["cache_write_tokens"], 0)
-        self.assertEqual(responses[1]["usage"]["input_tokens"], usages[1]["input_tokens"])
+        quiet_usages = [response["usage"] for response in responses]
+        self.assertEqual([usage["input_tokens_details"]["cache_write_tokens"] for usage in quiet_usages], [0, 0])
+        self.assertGreater(quiet_usages[1]["input_tokens_details"]["cached_tokens"], 500)
+        reported = [answer.usage for answer in quiet.upstream.reported.answers]
+        self.assertEqual([report["cache_creation_input_tokens"] for report in reported], [0, 0])
+        self.assertEqual([report["cache_read_input_tokens"] + report["input_tokens"] for report in reported],
+                         [usage["input_tokens"] for usage in quiet_usages])
 
     def test_changing_prefix_never_hits(self) -> None:
         """
