@@ -344,6 +344,15 @@ class GuardSharesTests(TestCase):
         """Once every transaction queued on ``ledger``'s thread is done (and its callbacks have run)."""
         await ledger.on_database(lambda database: None)
 
+    async def first_reads_done(self, *ledgers) -> None:
+        """
+        Once the guards' first reads (made as they start, before any cap
+        is set) are done: one that ended after ``know(limit)`` would put
+        back what the database held before the cap.
+        """
+        for ledger in ledgers:
+            await self.settled(ledger)
+
     async def until_waiting(self, clock) -> None:
         """Until a guard on ``clock`` waits a tenth of its refresh interval (at most 5 s of real time)."""
         for _ in range(500):
@@ -395,6 +404,7 @@ class GuardSharesTests(TestCase):
         """
         first, second = self.ledger(), self.ledger()
         a, b = self.guard(first, Clock()), self.guard(second, Clock())
+        await self.first_reads_done(first, second)
         limit = await self.set_cap(first, 10)
         for guard in (a, b):
             guard.know(limit)
@@ -423,6 +433,7 @@ class GuardSharesTests(TestCase):
         first, second = self.ledger(), self.ledger()
         clock_a, clock_b = Clock(), Clock()
         a, b = self.guard(first, clock_a), self.guard(second, clock_b)
+        await self.first_reads_done(first, second)
         limit = await self.set_cap(first, 10)
         for guard in (a, b):
             guard.know(limit)
