@@ -406,6 +406,27 @@ def _held(data: bytes, end: int) -> bool:
     return data[end - 1] == 13
 
 
+
+#: Generated lines of one SSE event: a field (or a comment, or junk), a
+#: separator, a value, an ending (:func:`_generated_event` joins them).
+_EVENT_LINES = st.lists(
+    st.tuples(
+        st.sampled_from(["event", "data", ":", "id", "x", "data", "event"]),
+        st.sampled_from(["", ":", ": ", ":  "]),
+        st.text(alphabet="ab \u00e9:{}\u2028", max_size=6),
+        st.sampled_from(["\n", "\r\n", "\r"]),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+def _generated_event(lines) -> bytes:
+    """One event of :data:`_EVENT_LINES`' lines (empty ones left out), ended by a blank line."""
+    lines = [line for line in lines if "".join(line[:3])]
+    # The blank line takes the last line's ending, so that it stays blank.
+    return ("".join("".join(line) for line in lines) + (lines[-1][3] if lines else "\n")).encode("utf-8")
+
 class _Sink:
     """The client side: records every write."""
 
@@ -703,24 +724,10 @@ class ParseEventTests(SynchronousTestCase):
         self.assertEqual(parse_event(b": only a comment\n\n"), (None, ""))
 
     @settings(max_examples=200, deadline=None)
-    @given(
-        st.lists(
-            st.tuples(
-                st.sampled_from(["event", "data", ":", "id", "x", "data", "event"]),
-                st.sampled_from(["", ":", ": ", ":  "]),
-                st.text(alphabet="ab é:{}\u2028", max_size=6),
-                st.sampled_from(["\n", "\r\n", "\r"]),
-            ),
-            min_size=1,
-            max_size=6,
-        )
-    )
+    @given(_EVENT_LINES)
     def test_generated_like_the_sdk(self, lines):
         """For generated events (no blank line inside), parse_event agrees with the SDK."""
-        lines = [line for line in lines if "".join(line[:3])]
-        # The blank line takes the last line's ending, so that it stays blank.
-        raw = "".join("".join(line) for line in lines) + (lines[-1][3] if lines else "\n")
-        raw = raw.encode("utf-8")
+        raw = _generated_event(lines)
         sdk = _sdk_events(raw)
         name, data = parse_event(raw)
         self.assertEqual((name, data), sdk[0] if sdk else (None, ""))
@@ -781,23 +788,10 @@ class EventDataTests(SynchronousTestCase):
             self._check(raw)
 
     @settings(max_examples=200, deadline=None)
-    @given(
-        st.lists(
-            st.tuples(
-                st.sampled_from(["event", "data", ":", "id", "x", "data", "event"]),
-                st.sampled_from(["", ":", ": ", ":  "]),
-                st.text(alphabet="ab \u00e9:{}\u2028", max_size=6),
-                st.sampled_from(["\n", "\r\n", "\r"]),
-            ),
-            min_size=1,
-            max_size=6,
-        )
-    )
+    @given(_EVENT_LINES)
     def test_generated_like_parse_event(self, lines):
         """For generated events, in a buffer of others or alone, the data is parse_event's."""
-        lines = [line for line in lines if "".join(line[:3])]
-        raw = "".join("".join(line) for line in lines) + (lines[-1][3] if lines else "\n")
-        self._check(raw.encode("utf-8"))
+        self._check(_generated_event(lines))
 
 
 # -- the gate: recorded streams over every split ---------------------------
